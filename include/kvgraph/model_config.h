@@ -1,0 +1,80 @@
+#pragma once
+// A decoder's hyper-parameters, read from a Hugging Face config.json.
+// One struct for every supported family; the per-family switches below say
+// how the one decoder implementation (src/models/decoder.cpp) behaves.
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "kvgraph/dtype.h"
+
+namespace kvgraph {
+
+enum class Family { Llama, Qwen2, Mistral, Gemma2, Gemma3, Qwen3 };
+enum class Activation { SiLU, GeluTanh };
+
+std::string_view family_name(Family f);
+
+// RoPE of one kind of layer, as transformers computes it.
+struct RopeConfig {
+  float theta = 10000.0f;
+  std::string type = "default";  // "default", "linear", "llama3"
+  float factor = 1.0f;           // linear / llama3
+  float low_freq_factor = 1.0f;  // llama3
+  float high_freq_factor = 4.0f; // llama3
+  int original_max_position_embeddings = 8192;  // llama3
+};
+
+// Inverse frequencies [head_dim / 2] for RoPE (rotate-half / NeoX layout),
+// with the scaling of `rope` applied exactly as transformers does.
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim);
+
+struct ModelConfig {
+  Family family = Family::Llama;
+  std::string model_type;  // as in config.json, e.g. "gemma3_text"
+
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;  // explicit in config or hidden_size / num_heads
+  int max_position_embeddings = 0;
+  float rms_norm_eps = 1e-6f;
+
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // bias on q/k/v (Qwen2: always true; Llama: config)
+  bool attention_out_bias = false;  // bias on o_proj (Llama attention_bias covers o too)
+  bool mlp_bias = false;
+  bool qk_norm = false;          // Gemma 3, Qwen3: RMSNorm over head_dim on q and k
+  Activation activation = Activation::SiLU;
+
+  RopeConfig rope;        // global (full-attention) layers
+  RopeConfig rope_local;  // sliding layers (Gemma 3 uses another base); = rope otherwise
+
+  // Per layer: 0 = full attention, otherwise the sliding window W (a query at
+  // position i sees keys j with i - W < j <= i). Size num_layers.
+  std::vector<int> layer_window;
+
+  // Gemma family.
+  float query_pre_attn_scalar = 0.0f;  // 0: scale = head_dim^-0.5
+  float attn_logit_softcap = 0.0f;     // 0: none
+  float final_logit_softcap = 0.0f;    // 0: none
+  bool norm_weight_plus_one = false;   // RMSNorm multiplies by (1 + w)
+  bool sandwich_norms = false;         // post-attention and pre/post-feedforward norms
+  float embed_scale = 1.0f;            // Gemma: sqrt(hidden_size), rounded through the weight dtype
+
+  std::vector<int> eos_token_ids;  // may be empty
+  int bos_token_id = -1;
+  DType weight_dtype = DType::F32;  // "torch_dtype" / "dtype" of the checkpoint
+
+  float attention_scale() const;  // softmax scale applied to q.k
+};
+
+// Parses `dir/config.json`. Throws kvgraph::Error("[config] ...") naming the
+// field on missing/invalid values and on an unknown model_type.
+ModelConfig load_model_config(const std::filesystem::path& dir);
+ModelConfig parse_model_config(const std::string& json_text);
+
+}  // namespace kvgraph

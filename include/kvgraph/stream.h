@@ -1,0 +1,53 @@
+#pragma once
+// Where ops run, and how a step is recorded once and replayed.
+//
+// CPU: an op is a closure over stable buffers. Eagerly it runs at once; while
+// recording it is appended to a tape and does NOT run; replay() runs the tape.
+// The rules are those of a CUDA graph: anything a closure captured by value at
+// record time is frozen, so per-token values must be read from buffers when
+// the closure runs. That lets CI (no GPU) catch frozen-state bugs.
+//
+// CUDA: ops launch kernels on one stream; while recording the stream is
+// captured into a CUDA graph, instantiated once and replayed per token.
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "kvgraph/tensor.h"
+
+namespace kvgraph {
+
+class Stream {
+ public:
+  explicit Stream(Device device);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  Device device() const { return device_; }
+
+  // CPU ops: run now, or append to the tape while recording.
+  void submit(std::function<void()> fn);
+
+  void begin_record();
+  void end_record();  // ends recording (CUDA: instantiates the graph)
+  void replay();      // runs the recorded step once
+  bool recording() const { return recording_; }
+  bool has_recording() const;
+  void discard_recording();
+  int captures() const { return captures_; }  // how many steps were ever recorded
+  size_t recorded_ops() const { return tape_.size(); }  // CPU tape length
+
+  void synchronize();
+  void* cuda_stream() const { return cuda_stream_; }  // cudaStream_t, or nullptr on CPU
+
+ private:
+  Device device_;
+  bool recording_ = false;
+  int captures_ = 0;
+  std::vector<std::function<void()>> tape_;
+  void* cuda_stream_ = nullptr;
+  void* graph_exec_ = nullptr;  // cudaGraphExec_t
+};
+
+}  // namespace kvgraph

@@ -1,0 +1,114 @@
+#include "ops/cpu/attention.h"
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace kvgraph::cpu {
+
+namespace {
+
+template <typename S>
+inline S store(float x);
+template <>
+inline float store<float>(float x) { return x; }
+
+struct Bf16 { uint16_t bits; };
+struct F16 { uint16_t bits; };
+template <>
+inline Bf16 store<Bf16>(float x) { return Bf16{f32_to_bf16(x)}; }
+template <>
+inline F16 store<F16>(float x) { return F16{f32_to_f16(x)}; }
+
+inline float load(float x) { return x; }
+inline float load(Bf16 x) { return bf16_to_f32(x.bits); }
+inline float load(F16 x) { return f16_to_f32(x.bits); }
+
+template <typename S>
+void run(const AttentionArgs& a) {
+  const StepPlan& p = *a.plan;
+  const int T = p.T, Hq = a.n_heads, Hkv = a.n_kv_heads, D = a.head_dim;
+  const int64_t pool = a.rule.pool;
+  S* K = static_cast<S*>(a.k_pool);
+  S* V = static_cast<S*>(a.v_pool);
+
+  // 1. Write the step's rows, run by run.
+  int t = 0;
+  for (int r = 0; r < p.n_write; ++r) {
+    const SlotRun& run = p.write[r];
+    for (int i = 0; i < run.len; ++i, ++t) {
+      for (int h = 0; h < Hkv; ++h) {
+        S* kd = K + (h * pool + run.slot + i) * D;
+        S* vd = V + (h * pool + run.slot + i) * D;
+        const float* ks = a.k + (static_cast<int64_t>(t) * Hkv + h) * D;
+        const float* vs = a.v + (static_cast<int64_t>(t) * Hkv + h) * D;
+        for (int d = 0; d < D; ++d) {
+          kd[d] = store<S>(ks[d]);
+          vd[d] = store<S>(vs[d]);
+        }
+      }
+    }
+  }
+
+  // 2. Attend. Rows are visited in logical order over the read runs.
+  const int group = Hq / Hkv;
+  const int n_rows = p.position + T - p.read_begin;
+  std::vector<float> scores(n_rows), acc(D);
+  for (int tq = 0; tq < T; ++tq) {
+    const int32_t qpos = p.position + tq;
+    const int32_t lo = first_visible(a.rule, qpos);
+    for (int h = 0; h < Hq; ++h) {
+      const int hk = h / group;
+      const float* q = a.q + (static_cast<int64_t>(tq) * Hq + h) * D;
+      float mx = -std::numeric_limits<float>::infinity();
+      int j = 0;
+      for (int r = 0; r < p.n_read; ++r) {
+        const SlotRun& run = p.read[r];
+        for (int i = 0; i < run.len; ++i, ++j) {
+          const int32_t pos = run.position + i;
+          if (pos < lo || pos > qpos) { scores[j] = -std::numeric_limits<float>::infinity(); continue; }
+          const S* kr = K + (hk * pool + run.slot + i) * D;
+          float s = 0.f;
+          for (int d = 0; d < D; ++d) s += q[d] * load(kr[d]);
+          s *= a.scale;
+          if (a.softcap > 0.f) s = a.softcap * std::tanh(s / a.softcap);
+          scores[j] = s;
+          if (s > mx) mx = s;
+        }
+      }
+      float sum = 0.f;
+      for (int i = 0; i < n_rows; ++i) {
+        float e = std::isinf(scores[i]) ? 0.f : std::exp(scores[i] - mx);
+        scores[i] = e;
+        sum += e;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      j = 0;
+      for (int r = 0; r < p.n_read; ++r) {
+        const SlotRun& run = p.read[r];
+        for (int i = 0; i < run.len; ++i, ++j) {
+          const float w = scores[j];
+          if (w == 0.f) continue;
+          const S* vr = V + (hk * pool + run.slot + i) * D;
+          for (int d = 0; d < D; ++d) acc[d] += w * load(vr[d]);
+        }
+      }
+      float* o = a.out + (static_cast<int64_t>(tq) * Hq + h) * D;
+      const float inv = 1.f / sum;
+      for (int d = 0; d < D; ++d) o[d] = acc[d] * inv;
+    }
+  }
+}
+
+}  // namespace
+
+void update_and_attend(const AttentionArgs& a) {
+  switch (a.storage) {
+    case DType::F32: return run<float>(a);
+    case DType::BF16: return run<Bf16>(a);
+    case DType::F16: return run<F16>(a);
+    default: break;
+  }
+}
+
+}  // namespace kvgraph::cpu

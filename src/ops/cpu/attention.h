@@ -1,0 +1,28 @@
+#pragma once
+// CPU reference of the cache's update_and_attend for one layer.
+#include <cstdint>
+
+#include "kvgraph/cache/plan.h"
+#include "kvgraph/dtype.h"
+
+namespace kvgraph::cpu {
+
+struct AttentionArgs {
+  const StepPlan* plan;  // written by the step's plan op
+  SlotRule rule;
+  DType storage;
+  void* k_pool;          // storage [n_kv_heads, pool, head_dim]
+  void* v_pool;          // storage [n_kv_heads, pool, head_dim]
+  const float* q;        // f32 [T, n_heads, head_dim]
+  const float* k;        // f32 [T, n_kv_heads, head_dim]
+  const float* v;        // f32 [T, n_kv_heads, head_dim]
+  float* out;            // f32 [T, n_heads, head_dim]
+  int n_heads, n_kv_heads, head_dim;
+  float scale, softcap;
+};
+
+// Writes the plan's T rows, then attends every query over the rows it may
+// see, in logical order, accumulating in f32 from storage-rounded K/V.
+void update_and_attend(const AttentionArgs& a);
+
+}  // namespace kvgraph::cpu
