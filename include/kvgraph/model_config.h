@@ -56,6 +56,7 @@ struct ModelConfig {
   // Per layer: 0 = full attention, otherwise the sliding window W (a query at
   // position i sees keys j with i - W < j <= i). Size num_layers.
   std::vector<int> layer_window;
+  int sliding_window = 0;  // the configured window W (0: none); which layers use it is layer_window
 
   // Gemma family.
   float query_pre_attn_scalar = 0.0f;  // 0: scale = head_dim^-0.5
@@ -68,6 +69,9 @@ struct ModelConfig {
   std::vector<int> eos_token_ids;  // may be empty
   int bos_token_id = -1;
   DType weight_dtype = DType::F32;  // "torch_dtype" / "dtype" of the checkpoint
+  // model_type "gemma3" (multimodal wrapper): the decoder's values came from
+  // "text_config", and its tensors carry a language-model prefix.
+  bool nested_text_config = false;
 
   float attention_scale() const;  // softmax scale applied to q.k
 };

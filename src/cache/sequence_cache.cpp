@@ -6,7 +6,7 @@
 #include "kvgraph/error.h"
 #include "ops/cpu/attention.h"
 #ifdef KVGRAPH_HAVE_CUDA
-#include "ops/cuda/cache_bridge.h"
+#include "ops/cuda/ops_cuda.h"
 #endif
 
 namespace kvgraph {
@@ -125,11 +125,11 @@ void SequenceCache::update_and_attend(Stream& stream, int layer, const Tensor& q
     return;
   }
 #ifdef KVGRAPH_HAVE_CUDA
-  cuda::CacheAttendArgs a{step_pos_, T, l.policy.rule(), config_.storage, k_[layer].raw(), v_[layer].raw(),
+  cuda_ops::CacheAttendArgs a{step_pos_, T, l.policy.rule(), config_.storage, k_[layer].raw(), v_[layer].raw(),
                           q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
                           l.n_heads, l.n_kv_heads, l.head_dim, params.scale, params.softcap,
                           l.policy.is_ring() ? l.policy.pool() : l.policy.capacity()};
-  cuda::update_and_attend(stream, a);
+  cuda_ops::update_and_attend(stream, a);
 #else
   fail("update_and_attend", "has no implementation for device {}", device_name(config_.device));
 #endif

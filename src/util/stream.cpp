@@ -4,6 +4,8 @@
 
 #ifdef KVGRAPH_HAVE_CUDA
 #include <cuda_runtime_api.h>
+
+#include "ops/cuda/ops_cuda.h"
 #define KV_CUDA_CHECK(call)                                                      \
   do {                                                                           \
     cudaError_t e_ = (call);                                                     \
@@ -29,7 +31,11 @@ Stream::Stream(Device device) : device_(device) {
 Stream::~Stream() {
 #ifdef KVGRAPH_HAVE_CUDA
   if (graph_exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
-  if (cuda_stream_) cudaStreamDestroy(static_cast<cudaStream_t>(cuda_stream_));
+  if (cuda_stream_) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(cuda_stream_));
+    cuda_ops::release(cuda_stream_);
+    cudaStreamDestroy(static_cast<cudaStream_t>(cuda_stream_));
+  }
 #endif
 }
 

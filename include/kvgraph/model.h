@@ -1,0 +1,82 @@
+#pragma once
+// One decoder for every supported family (Llama, Qwen2, Mistral, Gemma 2/3,
+// Qwen3); the per-family switches live in ModelConfig. Weights are loaded
+// from a Hugging Face checkpoint onto one device and never change.
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvgraph/cache/sequence_cache.h"
+#include "kvgraph/model_config.h"
+#include "kvgraph/stream.h"
+#include "kvgraph/tensor.h"
+
+namespace kvgraph {
+
+struct LayerWeights {
+  Tensor q_proj, k_proj, v_proj, o_proj;         // [Hq*hd, D], [Hkv*hd, D] x2, [D, Hq*hd]
+  Tensor q_bias, k_bias, v_bias, o_bias;         // f32 [N] or undefined
+  Tensor q_norm, k_norm;                         // f32 [hd] (qk_norm families)
+  Tensor input_norm, post_attention_norm;        // f32 [D]
+  Tensor pre_feedforward_norm, post_feedforward_norm;  // f32 [D] (Gemma sandwich norms)
+  Tensor gate_proj, up_proj, down_proj;          // [F, D], [F, D], [D, F]
+  Tensor gate_bias, up_bias, down_bias;          // f32 or undefined (Llama mlp_bias)
+};
+
+// Activation buffers for steps of up to `max_T` tokens, allocated once so a
+// recorded step can point into them forever.
+struct Workspace {
+  int max_T = 0;
+  int logit_rows = 0;            // rows of `logits` (1, or max_T to score every position)
+  Tensor x, h, o;                // f32 [max_T, D]
+  Tensor q, attn;                // f32 [max_T, Hq*hd]
+  Tensor k, v;                   // f32 [max_T, Hkv*hd]
+  Tensor gate, up;               // f32 [max_T, F]
+  Tensor logits;                 // f32 [logit_rows, V]
+};
+
+using ProgressFn = std::function<void(size_t done_bytes, size_t total_bytes)>;
+
+class Model {
+ public:
+  // Loads config.json and the safetensors weights. Matrices are stored in
+  // f32 on the CPU; on CUDA in bf16 for bf16/f16 checkpoints, f32 otherwise.
+  static std::shared_ptr<Model> load(const std::filesystem::path& dir, Device device,
+                                     const ProgressFn& progress = {});
+  // Random bf16 weights at the real shape of a published model (no files):
+  // qwen2.5-0.5b, llama3.2-1b, llama3.1-8b, mistral-7b, gemma3-1b.
+  static std::shared_ptr<Model> synthetic(const std::string& name, Device device, uint64_t seed = 1);
+  static std::vector<std::string> synthetic_names();
+
+  const ModelConfig& config() const { return cfg_; }
+  Device device() const { return device_; }
+  DType matrix_dtype() const { return matrix_dtype_; }
+  size_t weight_bytes() const { return weight_bytes_; }
+  const std::filesystem::path& dir() const { return dir_; }
+
+  // Ring{window, max_write} for sliding layers, Flat{capacity} for the rest;
+  // a window that reaches the capacity becomes flat (same semantics).
+  CacheConfig cache_config(int32_t capacity, int32_t max_write, DType storage) const;
+  Workspace make_workspace(int max_T, bool all_logits) const;
+
+  // Submits one step of T tokens: ids i32 [T] and pos i32 [1] are step-state
+  // tensors read when the ops run. Fills ws.logits: every row (all_logits) or
+  // the last token's row (row 0). Does not advance pos.
+  void forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor& ids, const Tensor& pos, int T,
+               bool all_logits) const;
+
+ private:
+  Model() = default;
+  ModelConfig cfg_;
+  Device device_ = Device::CPU;
+  DType matrix_dtype_ = DType::F32;
+  std::filesystem::path dir_;
+  size_t weight_bytes_ = 0;
+  Tensor embed_, final_norm_, lm_head_;
+  Tensor inv_freq_global_, inv_freq_local_;  // f32 [hd/2]
+  std::vector<LayerWeights> layers_;
+};
+
+}  // namespace kvgraph

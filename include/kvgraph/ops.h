@@ -1,0 +1,77 @@
+#pragma once
+// The op set. One declaration per op; each backend implements it
+// (src/ops/cpu/*.cpp, src/ops/cuda/*.cu) and a backend that lacks an op
+// throws "[<op>] has no <device> implementation".
+//
+// Every op is submitted to a Stream: on the CPU it runs at once or is
+// recorded as a closure; on CUDA it launches kernels (captured while
+// recording). Ops never read per-token values from the host: positions and
+// token ids come from step-state tensors on the device.
+#include <cstdint>
+
+#include "kvgraph/model_config.h"
+#include "kvgraph/stream.h"
+#include "kvgraph/tensor.h"
+
+namespace kvgraph::ops {
+
+// out f32 [T, D] = table [V, D] rows at ids i32 [T], times `scale`.
+void embedding(Stream& s, const Tensor& table, const Tensor& ids, Tensor& out, float scale);
+
+// out f32 [rows, D] = x / rms(x) * w (or * (1 + w) when plus_one); x f32 [rows, D], w [D].
+// out may alias x.
+void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);
+
+// out f32 [T, N] = x f32 [T, K] @ w[N, K]^T (+ bias [N] when given).
+void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out);
+
+// In place, rotate-half (NeoX/HF) RoPE on x f32 [T, H, head_dim]; token t is
+// at position pos[0] + t (pos: i32 [1], read when the op runs).
+void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq);
+
+// out f32 [T, F] = act(gate) * up.
+void act_mul(Stream& s, const Tensor& gate, const Tensor& up, Tensor& out, Activation act);
+
+// out = a + b (f32, same shape); out may alias a or b.
+void add(Stream& s, const Tensor& a, const Tensor& b, Tensor& out);
+
+// x = cap * tanh(x / cap), in place (f32).
+void softcap(Stream& s, Tensor& x, float cap);
+
+// Sampling parameters; temperature 0 means greedy (argmax, lowest id on ties).
+struct SamplingParams {
+  float temperature = 0.0f;
+  int top_k = 0;            // 0: off
+  float top_p = 1.0f;       // 1: off
+  float repetition_penalty = 1.0f;  // 1: off (HF rule: logit > 0 ? /p : *p)
+  uint64_t seed = 0;
+};
+
+// Picks the next token from logits f32 [V] into token i32 [1].
+//   config: u8 [sizeof(SamplingParams)] on the device holding the settings,
+//           read when the op runs (so one recorded step serves any settings).
+//   banned: i32 [n] ids whose logits are masked (e.g. EOS with --ignore-eos).
+//   seen:   u8 [V] tokens present so far (repetition penalty); updated with the
+//           chosen token.
+//   pos:    i32 [1] counter for the counter-based RNG (draw = f(seed, pos)).
+void sample(Stream& s, const Tensor& logits, const Tensor& config, const Tensor& banned, int n_banned,
+            Tensor& seen, const Tensor& pos, Tensor& token);
+
+// Marks ids i32 [T] as seen (u8 [V]).
+void mark_seen(Stream& s, const Tensor& ids, Tensor& seen);
+
+// pos[0] += n: the last action of a step.
+void advance(Stream& s, Tensor& pos, int n);
+
+// dst[0..n) = src[0..n) (same dtype, same device).
+void copy(Stream& s, const Tensor& src, Tensor& dst);
+
+// Fills an f32 or bf16 tensor with uniform values in [-scale, scale]
+// (deterministic for a seed); used for synthetic benchmark weights.
+void fill_random(Stream& s, Tensor& t, uint64_t seed, float scale);
+
+// Copy bandwidth of the device in GB/s: (bytes read + bytes written) / time
+// of a large buffer copy, best of several. The decode floor is measured in it.
+double measure_copy_bandwidth_gbs(Device d);
+
+}  // namespace kvgraph::ops

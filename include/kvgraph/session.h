@@ -1,0 +1,88 @@
+#pragma once
+// A decoding session: owns the sequence cache, the step state and the
+// recorded decode step of one sequence.
+//
+//   Session s(model, {.capacity = 4096});
+//   s.prefill(prompt_ids);             // eager, chunked by max_write
+//   int32_t t = s.sample();            // first new token from the prompt's logits
+//   while (...) t = s.decode();        // feeds t, replays the recorded step
+//
+// Compiled (default): the T=1 step (forward, advance position, sample) is
+// recorded once and replayed for every token; the position and the token id
+// live in device memory and are advanced inside the step. Eager runs the same
+// ops unrecorded, and gives bitwise-identical logits and tokens.
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kvgraph/cache/sequence_cache.h"
+#include "kvgraph/model.h"
+#include "kvgraph/ops.h"
+
+namespace kvgraph {
+
+struct SessionOptions {
+  int32_t capacity = 4096;   // longest sequence (prompt + generated tokens)
+  int32_t max_write = 64;    // prefill chunk = largest step; ring pools hold window + max_write - 1
+  DType kv_storage = DType::F32;
+  bool eager = false;        // decode without recording (debugging, parity)
+  bool all_logits = false;   // keep logits of every prefill position (scoring)
+};
+
+class Session {
+ public:
+  Session(std::shared_ptr<const Model> model, SessionOptions options);
+
+  // Appends ids to the sequence (eager, chunked by max_write). With
+  // `on_chunk`, it is called after each chunk with the chunk's first
+  // position, its length and its logits f32 [n, V] (all_logits sessions).
+  using ChunkFn = std::function<void(int32_t position, int32_t n, const std::vector<float>& logits)>;
+  void prefill(std::span<const int32_t> ids, const ChunkFn& on_chunk = {});
+
+  // Samples the next token from the last logits (after prefill) and makes it
+  // the token the next decode() feeds.
+  int32_t sample();
+  // Feeds the pending token at the current position and returns the next
+  // one. Throws, before anything is written, when the cache is full.
+  int32_t decode();
+
+  void reset();
+  void trim(int32_t n);  // keep the first n tokens (see SequenceCache::trim)
+
+  int32_t position() const { return cache_.length(); }
+  int32_t capacity() const { return cache_.capacity(); }
+  const SequenceCache& cache() const { return cache_; }
+  const Model& model() const { return *model_; }
+  const SessionOptions& options() const { return opt_; }
+  ops::SamplingParams& sampling() { return sampling_; }
+  void set_banned_tokens(const std::vector<int32_t>& ids);  // e.g. EOS for --ignore-eos
+  std::vector<float> last_logits() const;  // f32 [V] of the last step
+  int captures() const { return stream_.captures(); }
+  size_t recorded_ops() const { return stream_.recorded_ops(); }
+
+ private:
+  void record_decode_step();
+  void submit_decode_step();
+  int32_t read_token() const;
+
+  std::shared_ptr<const Model> model_;
+  SessionOptions opt_;
+  Stream stream_;
+  SequenceCache cache_;
+  Workspace ws_;
+  // Step state (device): ids i32 [max_write] (row 0 = the token decode feeds),
+  // pos i32 [1] (position of ids[0]).
+  Tensor ids_, pos_;
+  Tensor banned_;  // i32 [64]
+  int n_banned_ = 0;
+  Tensor seen_;    // u8 [V]
+  ops::SamplingParams sampling_;
+  Tensor sampling_config_;  // u8 [sizeof(SamplingParams)]: sampling_ as the ops read it
+  ops::SamplingParams uploaded_{-1.0f};  // last value copied into sampling_config_
+  void upload_sampling();
+  bool have_logits_ = false;
+  bool have_pending_ = false;
+};
+
+}  // namespace kvgraph

@@ -1,0 +1,120 @@
+#include "cli/common.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "kvgraph/error.h"
+
+namespace kvgraph::cli {
+
+void ModelFlags::add(CLI::App& app) {
+  app.add_option("-m,--model", model,
+                 "Model directory (Hugging Face layout) or synthetic:NAME; default: the embedded model");
+  app.add_option("--device", device, "cpu or cuda")->capture_default_str();
+  app.add_option("--capacity", capacity, "KV cache capacity in tokens (default: fits the request)");
+  app.add_option("--chunk", chunk, "Prefill step size in tokens (max_write)")->capture_default_str();
+  app.add_option("--kv-dtype", kv_dtype, "KV cache storage: f32, bf16 or f16");
+  app.add_flag("--eager", eager, "Decode without recording the step (debugging, parity)");
+  app.add_flag("-q,--quiet", quiet, "No progress or timings on stderr");
+}
+
+DType ModelFlags::kv_storage(Device d) const {
+  if (kv_dtype.empty()) return d == Device::CUDA ? DType::BF16 : DType::F32;
+  if (kv_dtype == "f32") return DType::F32;
+  if (kv_dtype == "bf16") return DType::BF16;
+  if (kv_dtype == "f16") return DType::F16;
+  fail("cli", "--kv-dtype {}: expected f32, bf16 or f16", kv_dtype);
+}
+
+std::filesystem::path default_model_dir() {
+  // Next to the source tree the binary was built from, or ../../models from
+  // build/<preset>/kvgraph.
+  std::filesystem::path src = std::filesystem::path(KVGRAPH_SOURCE_DIR) / "models" / "default";
+  if (std::filesystem::exists(src / "config.json")) return src;
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) {
+    buf[n] = 0;
+    auto p = std::filesystem::path(buf).parent_path() / ".." / ".." / "models" / "default";
+    if (std::filesystem::exists(p / "config.json")) return p;
+  }
+  return src;
+}
+
+std::shared_ptr<Model> load_model(const ModelFlags& f, double* seconds) {
+  const Device dev = parse_device(f.device);
+  auto t0 = std::chrono::steady_clock::now();
+  std::shared_ptr<Model> m;
+  if (f.model.rfind("synthetic:", 0) == 0) {
+    m = Model::synthetic(f.model.substr(10), dev);
+  } else {
+    std::filesystem::path dir = f.model.empty() ? default_model_dir() : std::filesystem::path(f.model);
+    if (!std::filesystem::exists(dir)) fail("cli", "model directory {} does not exist", dir.string());
+    const bool bar = !f.quiet && isatty(STDERR_FILENO);
+    int last = -1;
+    m = Model::load(dir, dev, [&](size_t done, size_t total) {
+      if (!bar || total < (64u << 20)) return;
+      int pct = static_cast<int>(100.0 * done / total);
+      if (pct == last) return;
+      last = pct;
+      int w = pct / 4;
+      fmt::print(stderr, "\rloading {} [{}{}] {:3d}% of {:.1f} GB", dir.filename().string(), std::string(w, '#'),
+                 std::string(25 - w, ' '), pct, total / 1e9);
+      if (done >= total) fmt::print(stderr, "\n");
+    });
+  }
+  if (seconds) *seconds = seconds_since(t0);
+  return m;
+}
+
+std::optional<Tokenizer> load_tokenizer(const Model& m, bool required) {
+  auto p = m.dir() / "tokenizer.json";
+  if (m.dir().empty() || !std::filesystem::exists(p)) {
+    if (required)
+      fail("cli", "no tokenizer.json in {}: pass token ids instead (--prompt-ids)",
+           m.dir().empty() ? std::string("this model") : m.dir().string());
+    return std::nullopt;
+  }
+  return Tokenizer::from_file(p);
+}
+
+std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
+  std::vector<int32_t> ids;
+  std::string tok;
+  auto flush = [&] {
+    if (tok.empty()) return;
+    size_t used = 0;
+    long v = 0;
+    try {
+      v = std::stol(tok, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used != tok.size() || v < 0 || v > INT32_MAX) fail("cli", "{}: \"{}\" is not a token id", what, tok);
+    ids.push_back(static_cast<int32_t>(v));
+    tok.clear();
+  };
+  for (char c : text) {
+    if (c == ',' || std::isspace(static_cast<unsigned char>(c)))
+      flush();
+    else
+      tok += c;
+  }
+  flush();
+  return ids;
+}
+
+std::string read_file(const std::filesystem::path& p, const std::string& what) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail("cli", "{}: cannot open {}", what, p.string());
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace kvgraph::cli

@@ -1,0 +1,627 @@
+// config.json -> ModelConfig, with transformers' per-family defaults applied
+// to absent keys, and RoPE inverse frequencies computed the way transformers
+// computes them (float32, same operation order).
+#include "kvgraph/model_config.h"
+
+#include <cmath>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kvgraph/error.h"
+
+namespace kvgraph {
+
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::string_view kSupported = "llama, qwen2, mistral, gemma2, gemma3_text, qwen3";
+
+// Short rendering of a JSON value for error messages.
+std::string show(const json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+// Reads typed fields of one JSON object. `fallback` (Gemma 3 multimodal
+// configs) is the top-level object, consulted for keys that live outside
+// "text_config" there (dtype, special token ids).
+class Reader {
+ public:
+  Reader(std::string source, const json& obj, const json* fallback, std::string prefix)
+      : source_(std::move(source)), obj_(obj), fallback_(fallback), prefix_(std::move(prefix)) {}
+
+  const std::string& source() const { return source_; }
+  std::string field(std::string_view key) const { return "\"" + prefix_ + std::string(key) + "\""; }
+
+  // nullptr when absent; a pointer to a JSON null when explicitly null.
+  const json* find(std::string_view key, bool use_fallback = false) const {
+    auto it = obj_.find(key);
+    if (it != obj_.end()) return &*it;
+    if (use_fallback && fallback_ != nullptr) {
+      auto f = fallback_->find(key);
+      if (f != fallback_->end()) return &*f;
+    }
+    return nullptr;
+  }
+  bool has(std::string_view key) const { return find(key) != nullptr; }
+
+  [[noreturn]] void bad(std::string_view key, std::string_view what, const json& v) const {
+    fail("config", "{}: {} must be {}, found {}", source_, field(key), what, show(v));
+  }
+
+  static std::optional<int64_t> as_integer(const json& v) {
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_number_float()) {
+      double d = v.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) return static_cast<int64_t>(d);
+    }
+    return std::nullopt;
+  }
+
+  // Absent -> def; null -> std::nullopt; otherwise an integer.
+  std::optional<int> opt_int(std::string_view key, std::optional<int> def) const {
+    const json* v = find(key);
+    if (v == nullptr) return def;
+    if (v->is_null()) return std::nullopt;
+    auto i = as_integer(*v);
+    if (!i || *i < INT32_MIN || *i > INT32_MAX) bad(key, "an integer", *v);
+    return static_cast<int>(*i);
+  }
+  int get_int(std::string_view key, int def) const {
+    const json* v = find(key);
+    if (v == nullptr) return def;
+    auto i = as_integer(*v);
+    if (!i || *i < INT32_MIN || *i > INT32_MAX) bad(key, "an integer", *v);
+    return static_cast<int>(*i);
+  }
+  int positive_int(std::string_view key, int def) const {
+    int i = get_int(key, def);
+    if (i <= 0) bad(key, "a positive integer", *find(key));
+    return i;
+  }
+  std::optional<double> opt_num(std::string_view key, std::optional<double> def) const {
+    const json* v = find(key);
+    if (v == nullptr) return def;
+    if (v->is_null()) return std::nullopt;
+    if (!v->is_number()) bad(key, "a number", *v);
+    return v->get<double>();
+  }
+  double get_num(std::string_view key, double def) const {
+    const json* v = find(key);
+    if (v == nullptr) return def;
+    if (!v->is_number()) bad(key, "a number", *v);
+    return v->get<double>();
+  }
+  bool get_bool(std::string_view key, bool def) const {
+    const json* v = find(key);
+    if (v == nullptr || v->is_null()) return def;
+    if (!v->is_boolean()) bad(key, "true or false", *v);
+    return v->get<bool>();
+  }
+  std::string get_str(std::string_view key, std::string def) const {
+    const json* v = find(key);
+    if (v == nullptr || v->is_null()) return def;
+    if (!v->is_string()) bad(key, "a string", *v);
+    return v->get<std::string>();
+  }
+
+ private:
+  std::string source_;
+  const json& obj_;
+  const json* fallback_;
+  std::string prefix_;
+};
+
+// Per-family values of the transformers (v5) config classes, used for keys
+// that config.json leaves out.
+struct FamilyDefaults {
+  int vocab_size, hidden_size, intermediate_size, num_layers, num_heads;
+  std::optional<int> num_kv_heads;  // nullopt: = num_heads
+  std::optional<int> head_dim;      // nullopt: hidden_size / num_heads
+  int max_position_embeddings;
+  bool tie_word_embeddings;
+  std::optional<int> bos;
+  std::optional<int> eos;
+  std::optional<int> sliding_window;
+  std::optional<double> attn_softcap, final_softcap;
+};
+
+FamilyDefaults defaults_for(Family f) {
+  switch (f) {
+    case Family::Llama:  // LlamaConfig
+      return {32000, 4096, 11008, 32, 32, std::nullopt, std::nullopt, 2048, false, 1, 2, std::nullopt,
+              std::nullopt, std::nullopt};
+    case Family::Qwen2:  // Qwen2Config
+      return {151936, 4096, 22016, 32, 32, 32, std::nullopt, 32768, false, std::nullopt, std::nullopt, 4096,
+              std::nullopt, std::nullopt};
+    case Family::Mistral:  // MistralConfig
+      return {32000, 4096, 14336, 32, 32, 8, std::nullopt, 4096 * 32, false, 1, 2, 4096, std::nullopt,
+              std::nullopt};
+    case Family::Gemma2:  // Gemma2Config
+      return {256000, 2304, 9216, 26, 8, 4, 256, 8192, true, 2, 1, 4096, 50.0, 30.0};
+    case Family::Gemma3:  // Gemma3TextConfig
+      return {262208, 2304, 9216, 26, 8, 4, 256, 131072, true, 2, 1, 4096, std::nullopt, std::nullopt};
+    case Family::Qwen3:  // Qwen3Config
+      return {151936, 4096, 22016, 32, 32, 32, 128, 32768, false, std::nullopt, std::nullopt, 4096,
+              std::nullopt, std::nullopt};
+  }
+  return {};
+}
+
+bool is_object_with_layer_type_keys(const json& v) {
+  if (!v.is_object() || v.empty()) return false;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    if (it.key() != "full_attention" && it.key() != "sliding_attention") return false;
+  }
+  return true;
+}
+
+// One RoPE parameter dict ({"rope_type": ..., "rope_theta": ..., ...}) ->
+// RopeConfig. `where` names the dict for messages.
+RopeConfig parse_rope_dict(const Reader& r, const json& d, const std::string& where, double default_theta,
+                           int max_position_embeddings) {
+  if (!d.is_object()) fail("config", "{}: {} must be an object, found {}", r.source(), where, show(d));
+  auto num = [&](const char* key, std::optional<double> def) -> double {
+    auto it = d.find(key);
+    if (it == d.end() || it->is_null()) {
+      if (!def) fail("config", "{}: {} is missing \"{}\"", r.source(), where, key);
+      return *def;
+    }
+    if (!it->is_number()) fail("config", "{}: {}.{} must be a number, found {}", r.source(), where, key, show(*it));
+    return it->get<double>();
+  };
+
+  RopeConfig rope;
+  std::string type = "default";
+  if (auto it = d.find("rope_type"); it != d.end() && !it->is_null()) {
+    if (!it->is_string()) fail("config", "{}: {}.rope_type must be a string", r.source(), where);
+    type = it->get<std::string>();
+  } else if (auto t = d.find("type"); t != d.end() && !t->is_null()) {
+    if (!t->is_string()) fail("config", "{}: {}.type must be a string", r.source(), where);
+    type = t->get<std::string>();
+  }
+  rope.theta = static_cast<float>(num("rope_theta", default_theta));
+  if (!(rope.theta > 0.0f)) fail("config", "{}: {}.rope_theta must be positive", r.source(), where);
+
+  if (auto it = d.find("partial_rotary_factor"); it != d.end() && !it->is_null()) {
+    if (!it->is_number() || it->get<double>() != 1.0) {
+      fail("config", "{}: {}.partial_rotary_factor {} is not supported (only 1.0)", r.source(), where, show(*it));
+    }
+  }
+
+  if (type == "default") {
+    rope.type = "default";
+  } else if (type == "linear") {
+    rope.type = "linear";
+    rope.factor = static_cast<float>(num("factor", std::nullopt));
+    if (!(rope.factor > 0.0f)) fail("config", "{}: {}.factor must be positive", r.source(), where);
+  } else if (type == "llama3") {
+    rope.type = "llama3";
+    rope.factor = static_cast<float>(num("factor", std::nullopt));
+    rope.low_freq_factor = static_cast<float>(num("low_freq_factor", std::nullopt));
+    rope.high_freq_factor = static_cast<float>(num("high_freq_factor", std::nullopt));
+    double ocl = num("original_max_position_embeddings", max_position_embeddings);
+    rope.original_max_position_embeddings = static_cast<int>(ocl);
+    if (!(rope.factor > 0.0f) || !(rope.low_freq_factor > 0.0f) ||
+        !(rope.high_freq_factor > rope.low_freq_factor) || rope.original_max_position_embeddings <= 0) {
+      fail("config",
+           "{}: {}: llama3 RoPE needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
+           "original_max_position_embeddings > 0",
+           r.source(), where);
+    }
+  } else {
+    fail("config", "{}: unsupported RoPE type \"{}\" in {} (supported: default, linear, llama3)", r.source(), type,
+         where);
+  }
+  return rope;
+}
+
+// Fills cfg.rope / cfg.rope_local. Mirrors transformers'
+// RotaryEmbeddingConfigMixin.convert_rope_params_to_dict (and Gemma 3's
+// override): the legacy spelling is top-level rope_theta + rope_scaling, the
+// v5 spelling is rope_parameters (flat, or keyed by layer type).
+void parse_rope(const Reader& r, ModelConfig& cfg) {
+  const json* scaling = r.find("rope_scaling");
+  const json* params = r.find("rope_parameters");
+  if (scaling != nullptr && scaling->is_null()) scaling = nullptr;
+  if (params != nullptr && params->is_null()) params = nullptr;
+  const std::optional<double> top_theta = r.opt_num("rope_theta", std::nullopt);
+  if (auto prf = r.opt_num("partial_rotary_factor", std::nullopt); prf && *prf != 1.0) {
+    fail("config", "{}: {} {} is not supported (only 1.0)", r.source(), r.field("partial_rotary_factor"), *prf);
+  }
+
+  if (cfg.family == Family::Gemma3) {
+    // Gemma3TextConfig: per layer type; rope_scaling applies to full attention;
+    // thetas default to rope_theta (1e6) and rope_local_base_freq (1e4).
+    json full = json::object({{"rope_type", "default"}});
+    json sliding = json::object({{"rope_type", "default"}});
+    if (params != nullptr) {
+      if (!is_object_with_layer_type_keys(*params)) {
+        fail("config",
+             "{}: {} for gemma3 must be keyed by layer type (\"full_attention\", \"sliding_attention\"), found {}",
+             r.source(), r.field("rope_parameters"), show(*params));
+      }
+      if (params->contains("full_attention")) full = (*params)["full_attention"];
+      if (params->contains("sliding_attention")) sliding = (*params)["sliding_attention"];
+    }
+    if (scaling != nullptr) {
+      if (!scaling->is_object()) fail("config", "{}: {} must be an object", r.source(), r.field("rope_scaling"));
+      if (!full.is_object()) full = json::object();
+      full.update(*scaling);
+    }
+    const double local_theta = r.opt_num("rope_local_base_freq", std::nullopt).value_or(10000.0);
+    cfg.rope = parse_rope_dict(r, full, r.field("rope_parameters") + "[\"full_attention\"]",
+                               top_theta.value_or(1000000.0), cfg.max_position_embeddings);
+    cfg.rope_local = parse_rope_dict(r, sliding, r.field("rope_parameters") + "[\"sliding_attention\"]",
+                                     local_theta, cfg.max_position_embeddings);
+    return;
+  }
+
+  // Other families: `rope_scaling or rope_parameters`, rope_theta as fallback.
+  const double default_theta = top_theta.value_or(10000.0);
+  const json* chosen = nullptr;
+  std::string where;
+  if (scaling != nullptr && !(scaling->is_object() && scaling->empty())) {
+    chosen = scaling;
+    where = r.field("rope_scaling");
+  } else if (params != nullptr) {
+    chosen = params;
+    where = r.field("rope_parameters");
+  }
+  if (chosen == nullptr) {
+    cfg.rope = parse_rope_dict(r, json::object(), r.field("rope_parameters"), default_theta,
+                               cfg.max_position_embeddings);
+    cfg.rope_local = cfg.rope;
+    return;
+  }
+  if (is_object_with_layer_type_keys(*chosen)) {
+    const json empty = json::object();
+    const json& full = chosen->contains("full_attention") ? (*chosen)["full_attention"] : empty;
+    cfg.rope = parse_rope_dict(r, full, where + "[\"full_attention\"]", default_theta, cfg.max_position_embeddings);
+    if (chosen->contains("sliding_attention")) {
+      cfg.rope_local = parse_rope_dict(r, (*chosen)["sliding_attention"], where + "[\"sliding_attention\"]",
+                                       default_theta, cfg.max_position_embeddings);
+    } else {
+      cfg.rope_local = cfg.rope;
+    }
+    return;
+  }
+  cfg.rope = parse_rope_dict(r, *chosen, where, default_theta, cfg.max_position_embeddings);
+  cfg.rope_local = cfg.rope;
+}
+
+// "layer_types" as a vector of is-sliding flags; nullopt when absent or null.
+std::optional<std::vector<bool>> parse_layer_types(const Reader& r, int num_layers) {
+  const json* v = r.find("layer_types");
+  if (v == nullptr || v->is_null()) return std::nullopt;
+  if (!v->is_array()) r.bad("layer_types", "a list of strings", *v);
+  if (static_cast<int>(v->size()) != num_layers) {
+    fail("config", "{}: {} has {} entries but \"num_hidden_layers\" is {}", r.source(), r.field("layer_types"),
+         v->size(), num_layers);
+  }
+  std::vector<bool> sliding;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const json& t = (*v)[i];
+    if (t == "sliding_attention") {
+      sliding.push_back(true);
+    } else if (t == "full_attention") {
+      sliding.push_back(false);
+    } else {
+      fail("config", "{}: {}[{}] is {}; supported layer types are \"full_attention\" and \"sliding_attention\"",
+           r.source(), r.field("layer_types"), i, show(t));
+    }
+  }
+  return sliding;
+}
+
+Activation parse_activation(const Reader& r, std::string_view key, const std::string& def) {
+  std::string a = r.get_str(key, def);
+  if (a == "silu" || a == "swish") return Activation::SiLU;
+  if (a == "gelu_pytorch_tanh" || a == "gelu_new") return Activation::GeluTanh;
+  fail("config", "{}: {} \"{}\" is not supported (supported: silu, gelu_pytorch_tanh)", r.source(), r.field(key), a);
+}
+
+DType parse_dtype(const Reader& r) {
+  // "dtype" (transformers >= 4.56) wins over the older "torch_dtype".
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    const json* v = r.find(key, /*use_fallback=*/true);
+    if (v == nullptr || v->is_null()) continue;
+    if (!v->is_string()) r.bad(key, "a string", *v);
+    const std::string s = v->get<std::string>();
+    if (s == "float32") return DType::F32;
+    if (s == "bfloat16") return DType::BF16;
+    if (s == "float16") return DType::F16;
+    fail("config", "{}: \"{}\" \"{}\" is not supported (supported: float32, bfloat16, float16)", r.source(), key, s);
+  }
+  return DType::F32;
+}
+
+std::vector<int> parse_eos(const Reader& r, std::optional<int> def) {
+  const json* v = r.find("eos_token_id", /*use_fallback=*/true);
+  if (v == nullptr) return def ? std::vector<int>{*def} : std::vector<int>{};
+  if (v->is_null()) return {};
+  std::vector<int> ids;
+  auto one = [&](const json& e) {
+    auto i = Reader::as_integer(e);
+    if (!i || *i < 0 || *i > INT32_MAX) r.bad("eos_token_id", "a token id or a list of token ids", *v);
+    ids.push_back(static_cast<int>(*i));
+  };
+  if (v->is_array()) {
+    for (const json& e : *v) one(e);
+  } else {
+    one(*v);
+  }
+  return ids;
+}
+
+Family family_from_model_type(const std::string& source, const std::string& type) {
+  if (type == "llama") return Family::Llama;
+  if (type == "qwen2") return Family::Qwen2;
+  if (type == "mistral") return Family::Mistral;
+  if (type == "gemma2") return Family::Gemma2;
+  if (type == "gemma3_text" || type == "gemma3") return Family::Gemma3;
+  if (type == "qwen3") return Family::Qwen3;
+  fail("config", "{}: unknown model_type \"{}\" (supported: {})", source, type, kSupported);
+}
+
+float round_through(float x, DType dt) {
+  switch (dt) {
+    case DType::BF16: return bf16_to_f32(f32_to_bf16(x));
+    case DType::F16: return f16_to_f32(f32_to_f16(x));
+    default: return x;
+  }
+}
+
+ModelConfig parse_root(const json& root, const std::string& source) {
+  if (!root.is_object()) fail("config", "{}: expected a JSON object at the top level", source);
+  auto mt = root.find("model_type");
+  if (mt == root.end()) fail("config", "{}: missing \"model_type\" (supported: {})", source, kSupported);
+  if (!mt->is_string()) fail("config", "{}: \"model_type\" must be a string, found {}", source, show(*mt));
+
+  ModelConfig cfg;
+  cfg.model_type = mt->get<std::string>();
+  cfg.family = family_from_model_type(source, cfg.model_type);
+
+  // Gemma 3 multimodal checkpoints keep the decoder under "text_config".
+  static const json kEmpty = json::object();
+  const json* text = &root;
+  const json* fallback = nullptr;
+  std::string prefix;
+  if (cfg.model_type == "gemma3") {
+    auto tc = root.find("text_config");
+    if (tc != root.end() && !tc->is_null()) {
+      if (!tc->is_object()) fail("config", "{}: \"text_config\" must be an object, found {}", source, show(*tc));
+      text = &*tc;
+    } else {
+      text = &kEmpty;
+    }
+    fallback = &root;
+    prefix = "text_config.";
+    cfg.nested_text_config = true;
+  }
+  const Reader r(source, *text, fallback, prefix);
+  const FamilyDefaults d = defaults_for(cfg.family);
+  const Family f = cfg.family;
+  const bool gemma = f == Family::Gemma2 || f == Family::Gemma3;
+
+  cfg.vocab_size = r.positive_int("vocab_size", d.vocab_size);
+  cfg.hidden_size = r.positive_int("hidden_size", d.hidden_size);
+  cfg.intermediate_size = r.positive_int("intermediate_size", d.intermediate_size);
+  cfg.num_layers = r.positive_int("num_hidden_layers", d.num_layers);
+  cfg.num_heads = r.positive_int("num_attention_heads", d.num_heads);
+  cfg.num_kv_heads = r.opt_int("num_key_value_heads", d.num_kv_heads).value_or(cfg.num_heads);
+  if (cfg.num_kv_heads <= 0) r.bad("num_key_value_heads", "a positive integer", *r.find("num_key_value_heads"));
+  if (cfg.num_heads % cfg.num_kv_heads != 0) {
+    fail("config", "{}: {} ({}) is not divisible by {} ({})", source, r.field("num_attention_heads"), cfg.num_heads,
+         r.field("num_key_value_heads"), cfg.num_kv_heads);
+  }
+  if (auto hd = r.opt_int("head_dim", d.head_dim)) {
+    cfg.head_dim = *hd;
+    if (cfg.head_dim <= 0) r.bad("head_dim", "a positive integer", *r.find("head_dim"));
+  } else {
+    if (cfg.hidden_size % cfg.num_heads != 0) {
+      fail("config", "{}: {} ({}) is not divisible by {} ({}) and no \"head_dim\" is given", source,
+           r.field("hidden_size"), cfg.hidden_size, r.field("num_attention_heads"), cfg.num_heads);
+    }
+    cfg.head_dim = cfg.hidden_size / cfg.num_heads;
+  }
+  if (cfg.head_dim % 2 != 0) fail("config", "{}: head_dim {} must be even for RoPE", source, cfg.head_dim);
+  cfg.max_position_embeddings = r.positive_int("max_position_embeddings", d.max_position_embeddings);
+  const double eps = r.get_num("rms_norm_eps", 1e-6);
+  if (!(eps > 0.0)) r.bad("rms_norm_eps", "a positive number", *r.find("rms_norm_eps"));
+  cfg.rms_norm_eps = static_cast<float>(eps);
+  cfg.tie_word_embeddings = r.get_bool("tie_word_embeddings", d.tie_word_embeddings);
+
+  // Biases, as each family's modeling code wires them.
+  switch (f) {
+    case Family::Llama:
+      cfg.attention_bias = cfg.attention_out_bias = r.get_bool("attention_bias", false);
+      cfg.mlp_bias = r.get_bool("mlp_bias", false);
+      break;
+    case Family::Qwen2:  // q/k/v always biased, o never
+      cfg.attention_bias = true;
+      cfg.attention_out_bias = false;
+      break;
+    case Family::Mistral:
+      break;
+    case Family::Gemma2:
+    case Family::Gemma3:
+    case Family::Qwen3:
+      cfg.attention_bias = cfg.attention_out_bias = r.get_bool("attention_bias", false);
+      break;
+  }
+
+  cfg.qk_norm = f == Family::Gemma3 || f == Family::Qwen3;
+  cfg.activation = gemma ? parse_activation(r, "hidden_activation", "gelu_pytorch_tanh")
+                         : parse_activation(r, "hidden_act", "silu");
+
+  parse_rope(r, cfg);
+
+  // Sliding windows per layer.
+  cfg.layer_window.assign(cfg.num_layers, 0);
+  // 0: no window (absent per the family default, null, or switched off).
+  int window = r.opt_int("sliding_window", d.sliding_window).value_or(0);
+  if (window < 0) r.bad("sliding_window", "a positive integer or null", *r.find("sliding_window"));
+  if (f == Family::Llama) window = 0;
+  if ((f == Family::Qwen2 || f == Family::Qwen3) && !r.get_bool("use_sliding_window", false)) window = 0;
+  cfg.sliding_window = window;
+  if (window > 0) {
+    std::vector<bool> sliding(cfg.num_layers, false);
+    if (f == Family::Mistral) {
+      // MistralModel ignores layer_types: every layer slides.
+      sliding.assign(cfg.num_layers, true);
+    } else if (auto lt = parse_layer_types(r, cfg.num_layers)) {
+      sliding = *lt;
+    } else if (f == Family::Qwen2 || f == Family::Qwen3) {
+      const int first = r.get_int("max_window_layers", 28);
+      for (int i = 0; i < cfg.num_layers; ++i) sliding[i] = i >= first;
+    } else if (f == Family::Gemma2) {
+      for (int i = 0; i < cfg.num_layers; ++i) sliding[i] = (i + 1) % 2 != 0;
+    } else if (f == Family::Gemma3) {
+      const int pattern = r.get_int("sliding_window_pattern", 6);
+      if (pattern <= 0) r.bad("sliding_window_pattern", "a positive integer", *r.find("sliding_window_pattern"));
+      for (int i = 0; i < cfg.num_layers; ++i) sliding[i] = (i + 1) % pattern != 0;
+    }
+    for (int i = 0; i < cfg.num_layers; ++i) cfg.layer_window[i] = sliding[i] ? window : 0;
+  } else if (f != Family::Llama && f != Family::Mistral) {
+    parse_layer_types(r, cfg.num_layers);  // still validated
+  }
+
+  // Gemma switches.
+  cfg.weight_dtype = parse_dtype(r);
+  if (gemma) {
+    if (r.get_bool("use_bidirectional_attention", false)) {
+      fail("config", "{}: {} is not supported", source, r.field("use_bidirectional_attention"));
+    }
+    cfg.query_pre_attn_scalar = static_cast<float>(r.get_num("query_pre_attn_scalar", 256.0));
+    if (!(cfg.query_pre_attn_scalar > 0.0f)) {
+      r.bad("query_pre_attn_scalar", "a positive number", *r.find("query_pre_attn_scalar"));
+    }
+    cfg.attn_logit_softcap = static_cast<float>(r.opt_num("attn_logit_softcapping", d.attn_softcap).value_or(0.0));
+    cfg.final_logit_softcap =
+        static_cast<float>(r.opt_num("final_logit_softcapping", d.final_softcap).value_or(0.0));
+    if (cfg.attn_logit_softcap < 0.0f) r.bad("attn_logit_softcapping", "positive or null", *r.find("attn_logit_softcapping"));
+    if (cfg.final_logit_softcap < 0.0f) {
+      r.bad("final_logit_softcapping", "positive or null", *r.find("final_logit_softcapping"));
+    }
+    cfg.norm_weight_plus_one = true;
+    cfg.sandwich_norms = true;
+    // transformers: embeddings * tensor(hidden_size ** 0.5) cast to the weight dtype.
+    cfg.embed_scale = round_through(static_cast<float>(std::sqrt(static_cast<double>(cfg.hidden_size))),
+                                    cfg.weight_dtype);
+  }
+
+  cfg.eos_token_ids = parse_eos(r, d.eos);
+  {
+    const json* b = r.find("bos_token_id", /*use_fallback=*/true);
+    if (b == nullptr) {
+      cfg.bos_token_id = d.bos.value_or(-1);
+    } else if (b->is_null()) {
+      cfg.bos_token_id = -1;
+    } else {
+      auto i = Reader::as_integer(*b);
+      if (!i || *i < 0 || *i > INT32_MAX) r.bad("bos_token_id", "a token id or null", *b);
+      cfg.bos_token_id = static_cast<int>(*i);
+    }
+  }
+  return cfg;
+}
+
+}  // namespace
+
+std::string_view family_name(Family f) {
+  switch (f) {
+    case Family::Llama: return "llama";
+    case Family::Qwen2: return "qwen2";
+    case Family::Mistral: return "mistral";
+    case Family::Gemma2: return "gemma2";
+    case Family::Gemma3: return "gemma3";
+    case Family::Qwen3: return "qwen3";
+  }
+  return "?";
+}
+
+// Float32 step by step, in torch's order of operations:
+//   inv = 1 / (base ** (arange(0, dim, 2).float() / dim))      (1/x is reciprocal)
+//   linear: inv / factor
+//   llama3: wavelen = (2*pi) / inv   -> torch evaluates scalar/tensor as reciprocal(inv) * scalar
+//           smooth = (ocl / wavelen - low) / (high - low)      (ocl / wavelen likewise)
+//           smoothed = (1 - smooth) * inv / factor + smooth * inv  (medium band only)
+std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim) {
+  if (head_dim <= 0 || head_dim % 2 != 0) {
+    fail("config", "rope_inv_freq: head_dim {} must be a positive even number", head_dim);
+  }
+  const int half = head_dim / 2;
+  const float base = rope.theta;
+  std::vector<float> inv(half);
+  for (int i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
+    inv[i] = 1.0f / std::pow(base, exponent);
+  }
+  if (rope.type == "default") return inv;
+  if (rope.type == "linear") {
+    for (float& x : inv) x = x / rope.factor;
+    return inv;
+  }
+  if (rope.type == "llama3") {
+    const double ocl = static_cast<double>(rope.original_max_position_embeddings);
+    const float low_freq_wavelen = static_cast<float>(ocl / static_cast<double>(rope.low_freq_factor));
+    const float high_freq_wavelen = static_cast<float>(ocl / static_cast<double>(rope.high_freq_factor));
+    const float two_pi = static_cast<float>(2.0 * M_PI);
+    const float ocl_f = static_cast<float>(ocl);
+    const float band = static_cast<float>(static_cast<double>(rope.high_freq_factor) -
+                                          static_cast<double>(rope.low_freq_factor));
+    for (float& x : inv) {
+      const float wavelen = (1.0f / x) * two_pi;
+      const float scaled = wavelen > low_freq_wavelen ? x / rope.factor : x;
+      const float smooth = ((1.0f / wavelen) * ocl_f - rope.low_freq_factor) / band;
+      const float smoothed = (1.0f - smooth) * scaled / rope.factor + smooth * scaled;
+      const bool medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+      x = medium ? smoothed : scaled;
+    }
+    return inv;
+  }
+  fail("config", "rope_inv_freq: unsupported RoPE type \"{}\" (supported: default, linear, llama3)", rope.type);
+}
+
+float ModelConfig::attention_scale() const {
+  const double s = query_pre_attn_scalar > 0.0f ? static_cast<double>(query_pre_attn_scalar)
+                                                 : static_cast<double>(head_dim);
+  return static_cast<float>(std::pow(s, -0.5));
+}
+
+ModelConfig parse_model_config(const std::string& json_text) {
+  json root;
+  try {
+    root = json::parse(json_text);
+  } catch (const json::parse_error& e) {
+    fail("config", "config.json: malformed JSON at byte {}: {}", e.byte, e.what());
+  }
+  return parse_root(root, "config.json");
+}
+
+ModelConfig load_model_config(const std::filesystem::path& dir) {
+  std::error_code ec;
+  const std::filesystem::path file =
+      std::filesystem::is_regular_file(dir, ec) ? dir : dir / "config.json";
+  std::ifstream in(file, std::ios::binary);
+  if (!in) fail("config", "cannot open {}: no such file or not readable", file.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  json root;
+  try {
+    root = json::parse(ss.str());
+  } catch (const json::parse_error& e) {
+    fail("config", "{}: malformed JSON at byte {}: {}", file.string(), e.byte, e.what());
+  }
+  return parse_root(root, file.string());
+}
+
+}  // namespace kvgraph

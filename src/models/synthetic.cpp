@@ -1,0 +1,128 @@
+// Synthetic checkpoints: the published configs of a few models with random
+// weights made on the device, for benchmarks without files.
+#include <cmath>
+#include <map>
+
+#include <fmt/format.h>
+
+#include "kvgraph/error.h"
+#include "kvgraph/model.h"
+#include "kvgraph/ops.h"
+
+namespace kvgraph {
+
+namespace {
+
+// config.json values as published by each model's authors.
+const std::map<std::string, const char*>& synthetic_configs() {
+  static const std::map<std::string, const char*> m = {
+      {"qwen2.5-0.5b", R"({"model_type":"qwen2","vocab_size":151936,"hidden_size":896,"intermediate_size":4864,
+        "num_hidden_layers":24,"num_attention_heads":14,"num_key_value_heads":2,"max_position_embeddings":32768,
+        "rms_norm_eps":1e-6,"rope_theta":1000000.0,"tie_word_embeddings":true,"use_sliding_window":false,
+        "torch_dtype":"bfloat16","eos_token_id":151643,"bos_token_id":151643})"},
+      {"llama3.2-1b", R"({"model_type":"llama","vocab_size":128256,"hidden_size":2048,"intermediate_size":8192,
+        "num_hidden_layers":16,"num_attention_heads":32,"num_key_value_heads":8,"head_dim":64,
+        "max_position_embeddings":131072,"rms_norm_eps":1e-5,"rope_theta":500000.0,"tie_word_embeddings":true,
+        "rope_scaling":{"factor":32.0,"high_freq_factor":4.0,"low_freq_factor":1.0,
+        "original_max_position_embeddings":8192,"rope_type":"llama3"},"torch_dtype":"bfloat16",
+        "bos_token_id":128000,"eos_token_id":128001})"},
+      {"llama3.1-8b", R"({"model_type":"llama","vocab_size":128256,"hidden_size":4096,"intermediate_size":14336,
+        "num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"max_position_embeddings":131072,
+        "rms_norm_eps":1e-5,"rope_theta":500000.0,"tie_word_embeddings":false,
+        "rope_scaling":{"factor":8.0,"high_freq_factor":4.0,"low_freq_factor":1.0,
+        "original_max_position_embeddings":8192,"rope_type":"llama3"},"torch_dtype":"bfloat16",
+        "bos_token_id":128000,"eos_token_id":128001})"},
+      {"mistral-7b", R"({"model_type":"mistral","vocab_size":32000,"hidden_size":4096,"intermediate_size":14336,
+        "num_hidden_layers":32,"num_attention_heads":32,"num_key_value_heads":8,"max_position_embeddings":32768,
+        "rms_norm_eps":1e-5,"rope_theta":10000.0,"sliding_window":4096,"tie_word_embeddings":false,
+        "torch_dtype":"bfloat16","bos_token_id":1,"eos_token_id":2})"},
+      {"gemma3-1b", R"({"model_type":"gemma3_text","vocab_size":262144,"hidden_size":1152,"intermediate_size":6912,
+        "num_hidden_layers":26,"num_attention_heads":4,"num_key_value_heads":1,"head_dim":256,
+        "max_position_embeddings":32768,"rms_norm_eps":1e-6,"rope_theta":1000000.0,"rope_local_base_freq":10000.0,
+        "sliding_window":512,"sliding_window_pattern":6,"query_pre_attn_scalar":256,"tie_word_embeddings":true,
+        "torch_dtype":"bfloat16","bos_token_id":2,"eos_token_id":[1,106]})"},
+  };
+  return m;
+}
+
+}  // namespace
+
+std::vector<std::string> Model::synthetic_names() {
+  std::vector<std::string> n;
+  for (const auto& [k, v] : synthetic_configs()) n.push_back(k);
+  return n;
+}
+
+std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, uint64_t seed) {
+  auto it = synthetic_configs().find(name);
+  if (it == synthetic_configs().end()) {
+    std::string names;
+    for (const auto& n : synthetic_names()) names += (names.empty() ? "" : ", ") + n;
+    fail("model", "unknown synthetic model \"{}\" (known: {})", name, names);
+  }
+  std::shared_ptr<Model> m(new Model());
+  m->cfg_ = parse_model_config(it->second);
+  m->device_ = device;
+  m->matrix_dtype_ = device == Device::CUDA ? DType::BF16 : DType::F32;
+  const ModelConfig& c = m->cfg_;
+  Stream s(device);
+  uint64_t next = seed;
+  auto mat = [&](int64_t rows, int64_t cols) {
+    Tensor t = Tensor::empty({rows, cols}, m->matrix_dtype_, device);
+    ops::fill_random(s, t, next++ * 0x9E3779B97F4A7C15ull, 1.0f / std::sqrt(static_cast<float>(cols)));
+    m->weight_bytes_ += t.nbytes();
+    return t;
+  };
+  auto bias = [&](int64_t n) {  // stored like the matrices, as the loader does
+    Tensor t = Tensor::empty({n}, m->matrix_dtype_, device);
+    ops::fill_random(s, t, next++ * 0x9E3779B97F4A7C15ull, 0.01f);
+    m->weight_bytes_ += t.nbytes();
+    return t;
+  };
+  auto vec = [&](int64_t n, float value) {
+    std::vector<float> h(n, value);
+    Tensor t = Tensor::from_host(h.data(), {n}, DType::F32, device);
+    m->weight_bytes_ += t.nbytes();
+    return t;
+  };
+  const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
+  const int64_t QD = int64_t(c.num_heads) * hd, KD = int64_t(c.num_kv_heads) * hd;
+  const float norm_one = c.norm_weight_plus_one ? 0.0f : 1.0f;
+  m->embed_ = mat(V, D);
+  m->final_norm_ = vec(D, norm_one);
+  m->lm_head_ = c.tie_word_embeddings ? m->embed_ : mat(V, D);
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights L;
+    L.q_proj = mat(QD, D);
+    L.k_proj = mat(KD, D);
+    L.v_proj = mat(KD, D);
+    L.o_proj = mat(D, QD);
+    if (c.attention_bias) {
+      L.q_bias = bias(QD);
+      L.k_bias = bias(KD);
+      L.v_bias = bias(KD);
+    }
+    if (c.qk_norm) {
+      L.q_norm = vec(hd, norm_one);
+      L.k_norm = vec(hd, norm_one);
+    }
+    L.input_norm = vec(D, norm_one);
+    L.post_attention_norm = vec(D, norm_one);
+    if (c.sandwich_norms) {
+      L.pre_feedforward_norm = vec(D, norm_one);
+      L.post_feedforward_norm = vec(D, norm_one);
+    }
+    L.gate_proj = mat(F, D);
+    L.up_proj = mat(F, D);
+    L.down_proj = mat(D, F);
+    m->layers_.push_back(std::move(L));
+  }
+  s.synchronize();
+  auto g = rope_inv_freq(c.rope, c.head_dim);
+  auto lo = rope_inv_freq(c.rope_local, c.head_dim);
+  m->inv_freq_global_ = Tensor::from_host(g.data(), {int64_t(g.size())}, DType::F32, device);
+  m->inv_freq_local_ = Tensor::from_host(lo.data(), {int64_t(lo.size())}, DType::F32, device);
+  return m;
+}
+
+}  // namespace kvgraph

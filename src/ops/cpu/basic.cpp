@@ -1,0 +1,131 @@
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "kvgraph/error.h"
+#include "ops/cpu/kernels.h"
+
+namespace kvgraph::cpu {
+
+void embedding(const float* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out) {
+  for (int t = 0; t < T; ++t) {
+    const int32_t id = ids[t];
+    if (id < 0 || id >= V) fail("embedding", "token id {} out of range [0, {})", id, V);
+    const float* row = table + static_cast<int64_t>(id) * D;
+    for (int d = 0; d < D; ++d) out[static_cast<int64_t>(t) * D + d] = row[d] * scale;
+  }
+}
+
+void rms_norm(const float* x, const float* w, float* out, int64_t rows, int D, float eps, bool plus_one) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * D;
+    float* o = out + r * D;
+    float ss = 0.f;
+    for (int d = 0; d < D; ++d) ss += xr[d] * xr[d];
+    const float inv = 1.0f / std::sqrt(ss / D + eps);
+    for (int d = 0; d < D; ++d) o[d] = xr[d] * inv * (plus_one ? 1.0f + w[d] : w[d]);
+  }
+}
+
+void linear(const float* x, const float* w, const float* bias, float* out, int T, int N, int K) {
+  if (T == 1)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w, K, x, 1, 0.0f, out, 1);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.0f, x, K, w, K, 0.0f, out, N);
+  if (bias)
+    for (int t = 0; t < T; ++t)
+      for (int n = 0; n < N; ++n) out[static_cast<int64_t>(t) * N + n] += bias[n];
+}
+
+void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D) {
+  const int half = D / 2;
+  for (int t = 0; t < T; ++t) {
+    const float p = static_cast<float>(pos0 + t);
+    for (int i = 0; i < half; ++i) {
+      const float ang = p * inv_freq[i];  // f32 product, as torch does
+      const float c = std::cos(ang), s = std::sin(ang);
+      for (int h = 0; h < H; ++h) {
+        float* v = x + (static_cast<int64_t>(t) * H + h) * D;
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c - b * s;
+        v[i + half] = b * c + a * s;
+      }
+    }
+  }
+}
+
+void act_mul(const float* gate, const float* up, float* out, int64_t n, Activation act) {
+  if (act == Activation::SiLU) {
+    for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+  } else {  // gelu, tanh approximation (gelu_pytorch_tanh)
+    constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = gate[i];
+      out[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
+    }
+  }
+}
+
+void add(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+void softcap(float* x, int64_t n, float cap) {
+  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
+int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const int32_t* banned, int n_banned,
+               const uint8_t* seen, int32_t pos) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  thread_local std::vector<float> l;
+  l.assign(logits, logits + V);
+  if (p.repetition_penalty != 1.0f && seen)
+    for (int i = 0; i < V; ++i)
+      if (seen[i]) l[i] = l[i] > 0 ? l[i] / p.repetition_penalty : l[i] * p.repetition_penalty;
+  for (int i = 0; i < n_banned; ++i)
+    if (banned[i] >= 0 && banned[i] < V) l[banned[i]] = ninf;
+
+  if (p.temperature <= 0.0f) {  // greedy: lowest index among maxima
+    int32_t best = 0;
+    for (int i = 1; i < V; ++i)
+      if (l[i] > l[best]) best = i;
+    return best;
+  }
+  // Candidates sorted by logit (desc), ties by id (asc): deterministic.
+  thread_local std::vector<int32_t> idx;
+  idx.resize(V);
+  std::iota(idx.begin(), idx.end(), 0);
+  int keep = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+  auto cmp = [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
+  std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), cmp);
+  const float mx = l[idx[0]];
+  thread_local std::vector<float> prob;
+  prob.resize(keep);
+  float sum = 0.f;
+  for (int i = 0; i < keep; ++i) sum += (prob[i] = std::exp((l[idx[i]] - mx) / p.temperature));
+  if (p.top_p < 1.0f) {
+    float c = 0.f;
+    int n = 0;
+    while (n < keep) {
+      c += prob[n++] / sum;
+      if (c >= p.top_p) break;
+    }
+    keep = n;
+    sum = 0.f;
+    for (int i = 0; i < keep; ++i) sum += prob[i];
+  }
+  const float u = uniform01(p.seed, pos) * sum;
+  float c = 0.f;
+  for (int i = 0; i < keep; ++i) {
+    c += prob[i];
+    if (u < c) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+}  // namespace kvgraph::cpu

@@ -1,0 +1,30 @@
+#pragma once
+// CPU reference loops behind the op set (f32 activations, f32 weights).
+#include <cstdint>
+
+#include "kvgraph/model_config.h"
+#include "kvgraph/ops.h"
+
+namespace kvgraph::cpu {
+
+void embedding(const float* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out);
+void rms_norm(const float* x, const float* w, float* out, int64_t rows, int D, float eps, bool plus_one);
+// out [T, N] = x [T, K] @ w [N, K]^T + bias
+void linear(const float* x, const float* w, const float* bias, float* out, int T, int N, int K);
+void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D);
+void act_mul(const float* gate, const float* up, float* out, int64_t n, Activation act);
+void add(const float* a, const float* b, float* out, int64_t n);
+void softcap(float* x, int64_t n, float cap);
+int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const int32_t* banned, int n_banned,
+               const uint8_t* seen, int32_t pos);
+
+// Counter-based uniform draw in [0, 1), identical on every backend.
+inline float uniform01(uint64_t seed, int32_t counter) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(counter) + 1);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+}
+
+}  // namespace kvgraph::cpu

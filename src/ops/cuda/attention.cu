@@ -1,0 +1,431 @@
+// update_and_attend: write a step's K/V rows into a layer's pool, then attend
+// every query over the rows it may see (causal, sliding window, GQA).
+//
+// One kernel serves decode and prefill. A block owns one KV head, up to kMaxG
+// query heads of its GQA group (so each K/V row is read once for the whole
+// group) and one chunk of the visible keys. Inside a block the head dim is
+// split into 8-element slices: GS = head_dim / 8 lanes cooperate on one key,
+// a warp handles 32 / GS keys at a time, 4 warps per block. Each group of
+// lanes keeps an online softmax (max, sum, output slice) per query head; the
+// states are merged across lanes (shuffles), warps (shared memory) and, for
+// split-KV decode, blocks (the last block of a head merges the partials in
+// split order). Every merge runs in a fixed order: results are deterministic.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "ops/cuda/common.cuh"
+
+namespace kvgraph::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+
+template <typename S>
+struct AttnArgs {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t q_stride, k_stride, v_stride;  // elements between tokens
+  S* k_pool;   // [Hkv, pool, D]
+  S* v_pool;   // [Hkv, pool, D]
+  float* out;  // [T, Hq, D]
+  const int32_t* pos;
+  SlotRule rule;
+  int T, Hq, Hkv, D, G, zgroups;
+  float scale, softcap;
+  int min_chunk;
+  int ws_splits;     // row stride of the partials (workspace max_splits)
+  float* part_o;     // [Hq, ws_splits, D]
+  float* part_ml;    // [Hq, ws_splits, 2]
+  unsigned* counters;  // [Hkv * zgroups]
+  bool fused_write;  // T == 1: this kernel writes the new row; reads of it use k/v directly
+};
+
+template <typename S>
+__device__ __forceinline__ detail::Pack8<S> pack8_rounded(const float* src) {
+  detail::Pack8<S> r;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const S e = detail::from_f32<S>(src[i]);
+    memcpy(reinterpret_cast<char*>(&r) + i * sizeof(S), &e, sizeof(S));
+  }
+  return r;
+}
+
+template <typename S>
+__device__ __forceinline__ detail::Pack8<S> pack8_zero() {
+  detail::Pack8<S> r;
+  memset(&r, 0, sizeof(r));
+  return r;
+}
+
+template <typename S, int kMaxG>
+__global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
+  constexpr int U = sizeof(S) == 4 ? 2 : 4;  // keys in flight per lane group
+  extern __shared__ __align__(16) float smem[];
+  __shared__ int s_last;
+  const int D = a.D;
+  float* q_s = smem;                                // [kMaxG, D]
+  float* red_o = q_s + kMaxG * D;                   // [kWarps, kMaxG, D]
+  float* red_ml = red_o + kWarps * kMaxG * D;       // [kWarps, kMaxG, 2]
+
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+
+  int bx = blockIdx.x;
+  const int h = bx % a.Hkv;
+  bx /= a.Hkv;
+  const int zg = bx % a.zgroups;
+  const int t = bx / a.zgroups;
+  const int split = blockIdx.y, splits = gridDim.y;
+
+  // The visible range of this query, from the position in device memory.
+  const int32_t p = a.pos[0] + t;
+  const int32_t lo = first_visible(a.rule, p);
+  const int32_t L = p - lo + 1;
+  int32_t chunk = L, n_active = 1;
+  if (splits > 1) {
+    chunk = max(a.min_chunk, (L + splits - 1) / splits);
+    n_active = (L + chunk - 1) / chunk;
+  }
+  if (split >= n_active) return;  // block-uniform
+  const int32_t c0 = lo + split * chunk;
+  // A flat pool never holds positions >= pool: the host rejects such steps;
+  // clamping keeps a bad step from reading out of bounds.
+  const int32_t c1 = min(min(c0 + chunk, p + 1), a.rule.window > 0 ? p + 1 : a.rule.pool);
+
+  const int g0 = zg * kMaxG;
+  const int Gz = min(kMaxG, a.G - g0);
+  const int hq0 = h * a.G + g0;
+  const S* kp = a.k_pool + size_t(h) * a.rule.pool * D;
+  const S* vp = a.v_pool + size_t(h) * a.rule.pool * D;
+  const float* k_new = a.k + t * a.k_stride + size_t(h) * D;
+  const float* v_new = a.v + t * a.v_stride + size_t(h) * D;
+
+  if (a.fused_write && split == 0 && zg == 0) {
+    const int32_t slot = slot_of(a.rule, p);
+    if (p >= 0 && slot < a.rule.pool) {
+      S* kw = a.k_pool + (size_t(h) * a.rule.pool + slot) * D;
+      S* vw = a.v_pool + (size_t(h) * a.rule.pool + slot) * D;
+      for (int d = threadIdx.x; d < D; d += kThreads) {
+        kw[d] = detail::from_f32<S>(k_new[d]);
+        vw[d] = detail::from_f32<S>(v_new[d]);
+      }
+    }
+  }
+
+  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    q_s[i] = g < Gz ? a.q[t * a.q_stride + size_t(hq0 + g) * D + d] : 0.f;
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int GS = D / 8;       // lanes per key
+  const int KPW = 32 / GS;    // keys per warp per step
+  const int NKG = kWarps * KPW;
+  const int e0 = (lane % GS) * 8;
+  const int kq = lane / GS;   // key index within the warp's step
+
+  float m[kMaxG], l[kMaxG], acc[kMaxG][8];
+#pragma unroll
+  for (int g = 0; g < kMaxG; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+  }
+
+  // The loop bound is uniform across the warp (shuffles below need every lane).
+  for (int32_t jb = c0 + warp * KPW; jb < c1; jb += NKG * U) {
+    detail::Pack8<S> kr[U], vr[U];
+    bool valid[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int32_t j = jb + kq + u * NKG;
+      valid[u] = j < c1;
+      if (!valid[u]) {
+        kr[u] = pack8_zero<S>();
+        vr[u] = pack8_zero<S>();
+      } else if (a.fused_write && j == p) {  // the row this kernel is writing
+        kr[u] = pack8_rounded<S>(k_new + e0);
+        vr[u] = pack8_rounded<S>(v_new + e0);
+      } else {
+        const size_t off = size_t(slot_of(a.rule, j)) * D + e0;
+        kr[u] = detail::load8(kp + off);
+        vr[u] = detail::load8(vp + off);
+      }
+    }
+    float s[U][kMaxG];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float kf[8];
+      detail::unpack8(kr[u], kf);
+#pragma unroll
+      for (int g = 0; g < kMaxG; ++g) {
+        const float4 qa = *reinterpret_cast<const float4*>(q_s + g * D + e0);
+        const float4 qb = *reinterpret_cast<const float4*>(q_s + g * D + e0 + 4);
+        float dot = qa.x * kf[0];
+        dot = fmaf(qa.y, kf[1], dot);
+        dot = fmaf(qa.z, kf[2], dot);
+        dot = fmaf(qa.w, kf[3], dot);
+        dot = fmaf(qb.x, kf[4], dot);
+        dot = fmaf(qb.y, kf[5], dot);
+        dot = fmaf(qb.z, kf[6], dot);
+        dot = fmaf(qb.w, kf[7], dot);
+        for (int off = GS >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        float x = dot * a.scale;
+        if (a.softcap > 0.f) x = a.softcap * tanhf(x / a.softcap);
+        s[u][g] = valid[u] ? x : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[u][g]);
+      const float corr = m[g] == -INFINITY ? 0.f : expf(m[g] - mx);
+      l[g] *= corr;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
+      m[g] = mx;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float vf[8];
+      detail::unpack8(vr[u], vf);
+#pragma unroll
+      for (int g = 0; g < kMaxG; ++g) {
+        const float pu = valid[u] ? expf(s[u][g] - m[g]) : 0.f;
+        l[g] += pu;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pu, vf[e], acc[g][e]);
+      }
+    }
+  }
+
+  // Merge the key groups of a warp (lanes with the same slice, other keys).
+  for (int off = GS; off < 32; off <<= 1) {
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m[g], off);
+      const float l2 = __shfl_xor_sync(0xffffffffu, l[g], off);
+      const float mn = fmaxf(m[g], m2);
+      const float c1 = m[g] == -INFINITY ? 0.f : expf(m[g] - mn);
+      const float c2 = m2 == -INFINITY ? 0.f : expf(m2 - mn);
+      l[g] = l[g] * c1 + l2 * c2;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float a2 = __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+        acc[g][e] = acc[g][e] * c1 + a2 * c2;
+      }
+      m[g] = mn;
+    }
+  }
+
+  // Merge the warps of the block.
+  if (lane < GS) {
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red_o[(warp * kMaxG + g) * D + e0 + e] = acc[g][e];
+      if (lane == 0) {
+        red_ml[(warp * kMaxG + g) * 2] = m[g];
+        red_ml[(warp * kMaxG + g) * 2 + 1] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+  const bool single = n_active == 1;
+  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_ml[(w * kMaxG + g) * 2]);
+    float Ls = 0.f, O = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = red_ml[(w * kMaxG + g) * 2];
+      const float c = mw == -INFINITY ? 0.f : expf(mw - M);
+      Ls += red_ml[(w * kMaxG + g) * 2 + 1] * c;
+      O += red_o[(w * kMaxG + g) * D + d] * c;
+    }
+    const int hq = hq0 + g;
+    if (single) {
+      a.out[(size_t(t) * a.Hq + hq) * D + d] = O / Ls;
+    } else {
+      a.part_o[(size_t(hq) * a.ws_splits + split) * D + d] = O;
+      if (d == 0) {
+        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2] = M;
+        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2 + 1] = Ls;
+      }
+    }
+  }
+  if (single) return;
+
+  // Split-KV: the last block of this (head, group) to finish merges all
+  // partials, in split order.
+  __threadfence();
+  __syncthreads();
+  unsigned* counter = a.counters + h * a.zgroups + zg;
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == unsigned(n_active - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    const int hq = hq0 + g;
+    const float* ml = a.part_ml + size_t(hq) * a.ws_splits * 2;
+    const float* po = a.part_o + size_t(hq) * a.ws_splits * D + d;
+    float M = -INFINITY;
+    for (int s = 0; s < n_active; ++s) M = fmaxf(M, __ldcg(ml + 2 * s));
+    float Ls = 0.f, O = 0.f;
+    for (int s = 0; s < n_active; ++s) {
+      const float c = expf(__ldcg(ml + 2 * s) - M);
+      Ls += __ldcg(ml + 2 * s + 1) * c;
+      O += __ldcg(po + size_t(s) * D) * c;
+    }
+    a.out[(size_t(t) * a.Hq + hq) * D + d] = O / Ls;
+  }
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next step
+}
+
+// k/v rows of the step's T tokens -> pool slots (rounded to the storage type).
+template <typename S>
+__global__ void write_kv_kernel(AttnArgs<S> a) {
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  const int t = blockIdx.x / a.Hkv, h = blockIdx.x % a.Hkv;
+  const int32_t p = a.pos[0] + t;
+  const int32_t slot = slot_of(a.rule, p);
+  if (p < 0 || slot >= a.rule.pool) return;  // the host validates capacity; never write out of bounds
+  S* kw = a.k_pool + (size_t(h) * a.rule.pool + slot) * a.D;
+  S* vw = a.v_pool + (size_t(h) * a.rule.pool + slot) * a.D;
+  const float* kr = a.k + t * a.k_stride + size_t(h) * a.D;
+  const float* vr = a.v + t * a.v_stride + size_t(h) * a.D;
+  for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
+    kw[d] = detail::from_f32<S>(kr[d]);
+    vw[d] = detail::from_f32<S>(vr[d]);
+  }
+}
+
+int group_bucket(int G) { return G >= 5 ? 8 : G >= 3 ? 4 : G; }
+
+void validate(const AttentionParams& p) {
+  const int D = p.head_dim;
+  if (D < 8 || D > 256 || (D & (D - 1))) fail_op("attention", "head_dim must be a power of two in [8, 256], got " + std::to_string(D));
+  if (p.n_kv_heads <= 0 || p.n_q_heads <= 0 || p.n_q_heads % p.n_kv_heads)
+    fail_op("attention", "n_kv_heads must divide n_q_heads");
+  if (p.T < 1) fail_op("attention", "T must be >= 1");
+  if (p.rule.pool <= 0) fail_op("attention", "empty pool");
+  if (p.rule.window > 0 && p.T > p.rule.pool - p.rule.window + 1)
+    fail_op("attention", "ring step of " + std::to_string(p.T) + " rows exceeds max_write " +
+                             std::to_string(p.rule.pool - p.rule.window + 1));
+  if (!p.q || !p.k || !p.v || !p.k_pool || !p.v_pool || !p.out || !p.pos) fail_op("attention", "null pointer");
+  if (reinterpret_cast<uintptr_t>(p.k_pool) % 16 || reinterpret_cast<uintptr_t>(p.v_pool) % 16)
+    fail_op("attention", "pools must be 16-byte aligned");
+}
+
+template <typename S>
+AttnArgs<S> make_args(const AttentionParams& p) {
+  AttnArgs<S> a{};
+  a.q = p.q;
+  a.k = p.k;
+  a.v = p.v;
+  a.q_stride = p.q_stride ? p.q_stride : int64_t(p.n_q_heads) * p.head_dim;
+  a.k_stride = p.k_stride ? p.k_stride : int64_t(p.n_kv_heads) * p.head_dim;
+  a.v_stride = p.v_stride ? p.v_stride : int64_t(p.n_kv_heads) * p.head_dim;
+  a.k_pool = static_cast<S*>(p.k_pool);
+  a.v_pool = static_cast<S*>(p.v_pool);
+  a.out = p.out;
+  a.pos = p.pos;
+  a.rule = p.rule;
+  a.T = p.T;
+  a.Hq = p.n_q_heads;
+  a.Hkv = p.n_kv_heads;
+  a.D = p.head_dim;
+  a.G = p.n_q_heads / p.n_kv_heads;
+  a.scale = p.scale;
+  a.softcap = p.softcap;
+  return a;
+}
+
+template <typename S, int kMaxG>
+void launch_attend(AttnArgs<S> a, int splits, cudaStream_t stream) {
+  const size_t smem = (size_t(kMaxG) * a.D * (1 + kWarps) + size_t(kWarps) * kMaxG * 2) * sizeof(float);
+  const int64_t nx = int64_t(a.T) * a.zgroups * a.Hkv;
+  launch(attend_kernel<S, kMaxG>, dim3(static_cast<unsigned>(nx), splits), dim3(kThreads), smem, stream, a);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- workspace
+
+AttentionWorkspace::AttentionWorkspace(int max_q_heads, int max_head_dim, int max_splits, int min_chunk)
+    : max_q_heads_(max_q_heads), max_head_dim_(max_head_dim), max_splits_(max_splits), min_chunk_(min_chunk) {
+  if (max_q_heads < 1 || max_head_dim < 1) fail_op("attention", "bad workspace shape");
+  if (max_splits < 1 || max_splits > 256) fail_op("attention", "max_splits must be in [1, 256]");
+  if (min_chunk < 1) fail_op("attention", "min_chunk must be >= 1");
+  partial_out_ = DeviceBuffer(size_t(max_q_heads) * max_splits * max_head_dim * sizeof(float));
+  partial_ml_ = DeviceBuffer(size_t(max_q_heads) * max_splits * 2 * sizeof(float));
+  counters_ = DeviceBuffer(size_t(max_q_heads) * sizeof(unsigned));
+  counters_.zero();
+}
+
+int AttentionWorkspace::choose_splits(int n_kv_heads, int64_t max_visible, int min_chunk) {
+  const int target_blocks = 2 * sm_count();
+  int64_t s = (target_blocks + n_kv_heads - 1) / std::max(n_kv_heads, 1);
+  const int64_t useful = (max_visible + min_chunk - 1) / std::max(min_chunk, 1);
+  s = std::min(s, useful);
+  return static_cast<int>(std::clamp<int64_t>(s, 1, 64));
+}
+
+// ---------------------------------------------------------------- entry points
+
+void write_kv(const AttentionParams& p, cudaStream_t stream) {
+  validate(p);
+  dispatch_storage(p.storage, "attention", [&](auto tag) {
+    using S = decltype(tag);
+    AttnArgs<S> a = make_args<S>(p);
+    launch(write_kv_kernel<S>, dim3(static_cast<unsigned>(int64_t(p.T) * p.n_kv_heads)), dim3(64), 0, stream, a);
+  });
+}
+
+void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, cudaStream_t stream) {
+  validate(p);
+  const int G = p.n_q_heads / p.n_kv_heads;
+  const int bucket = group_bucket(std::min(G, 8));
+  dispatch_storage(p.storage, "attention", [&](auto tag) {
+    using S = decltype(tag);
+    AttnArgs<S> a = make_args<S>(p);
+    a.zgroups = (G + bucket - 1) / bucket;
+    int splits = 1;
+    if (p.T == 1) {
+      if (p.n_q_heads > ws.max_q_heads() || p.head_dim > ws.max_head_dim())
+        fail_op("attention", "workspace too small for " + std::to_string(p.n_q_heads) + " heads of dim " +
+                                 std::to_string(p.head_dim));
+      splits = ws.max_splits();
+      a.fused_write = true;
+      a.min_chunk = ws.min_chunk();
+      a.ws_splits = ws.max_splits();
+      a.part_o = ws.partial_out();
+      a.part_ml = ws.partial_ml();
+      a.counters = ws.counters();
+    } else {
+      launch(write_kv_kernel<S>, dim3(static_cast<unsigned>(int64_t(p.T) * p.n_kv_heads)), dim3(64), 0, stream, a);
+      a.fused_write = false;
+      a.min_chunk = 1;
+    }
+    switch (bucket) {
+      case 1: launch_attend<S, 1>(a, splits, stream); break;
+      case 2: launch_attend<S, 2>(a, splits, stream); break;
+      case 4: launch_attend<S, 4>(a, splits, stream); break;
+      default: launch_attend<S, 8>(a, splits, stream); break;
+    }
+  });
+}
+
+}  // namespace kvgraph::cuda

@@ -1,0 +1,262 @@
+#pragma once
+// CUDA kernels of the op set, as a raw-pointer layer. Plain C++ (callable from
+// .cpp files compiled by g++); the only CUDA type is cudaStream_t.
+//
+// Conventions
+//   - Activations are f32 on the device; weights are f32 or bf16 (`DType`);
+//     KV storage is f32, bf16 or f16.
+//   - Every per-token value (the position) is read from device memory when
+//     the kernel runs (`const int32_t* pos`: i32 [1], absolute position of the
+//     step's first token), so a step captured into a CUDA graph once replays
+//     correctly at any position. Launch shapes depend only on shapes and
+//     capacities, never on the position; blocks past the active length exit.
+//   - Every kernel waits for its predecessor (griddepcontrol.wait) before it
+//     reads activations or step state and before it writes anything, so
+//     programmatic dependent launch (PDL) is always safe; GEMVs issue their
+//     first weight loads before that wait.
+//   - Bad arguments throw kvgraph::Error("[cuda] <op>: ...").
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kvgraph/cache/slots.h"
+#include "kvgraph/dtype.h"
+#include "ops/cuda/runtime.h"
+
+namespace kvgraph::cuda {
+
+// Programmatic dependent launch for every kernel of this layer (default on).
+// Process-wide; set it before recording a step.
+void set_programmatic_launch(bool on);
+bool programmatic_launch();
+
+// ---------------------------------------------------------------- embedding
+
+// out f32 [T, D] = table[ids[t]] * scale. table: table_dtype (f32|bf16) [vocab, D];
+// ids: i32 [T] on the device. An id outside [0, vocab) yields a zero row.
+void embedding(const void* table, DType table_dtype, int64_t vocab, const int32_t* ids, int T, int D,
+               float scale, float* out, cudaStream_t stream);
+
+// ---------------------------------------------------------------- rms_norm
+
+// Rows of `dim` f32 values addressed as (token t, head h): x + t*x_stride + h*dim.
+// Hidden-state norms use heads = 1; per-head q/k norms use heads = n_heads.
+struct RmsNormParams {
+  const float* x = nullptr;   // f32 rows as above
+  float* out = nullptr;       // f32, same addressing with out_stride; may alias x
+  const void* weight = nullptr;  // weight_dtype [dim]
+  DType weight_dtype = DType::F32;
+  int64_t tokens = 1;
+  int heads = 1;
+  int dim = 0;
+  int64_t x_stride = 0;    // elements between tokens; 0: heads * dim
+  int64_t out_stride = 0;  // elements between tokens; 0: heads * dim
+  float eps = 1e-6f;
+  bool plus_one = false;   // Gemma: multiply by (1 + w)
+};
+void rms_norm(const RmsNormParams& p, cudaStream_t stream);
+
+// out f32 [rows, D] = x / rms(x) * w (or * (1 + w)). out may alias x.
+void rms_norm(const float* x, const void* w, DType w_dtype, float* out, int64_t rows, int D, float eps,
+              bool plus_one, cudaStream_t stream);
+
+// residual f32 [rows, D] += delta f32 [rows, D]; out f32 [rows, D] = rms_norm(residual).
+// out may alias delta (not residual).
+void add_rms_norm(float* residual, const float* delta, const void* w, DType w_dtype, float* out, int64_t rows,
+                  int D, float eps, bool plus_one, cudaStream_t stream);
+
+// ---------------------------------------------------------------- rope
+
+// In place, rotate-half (NeoX / Hugging Face) RoPE. Head h of token t lives at
+// x + t*row_stride + h*head_dim; token t is at position pos[0] + t.
+// angle = f32(pos) * inv_freq[i]; cos/sin in f32 (precise cosf/sinf), times
+// attention_scaling (1 for default/linear/llama3 RoPE).
+struct RopeParams {
+  float* x = nullptr;             // f32, see above
+  const int32_t* pos = nullptr;   // i32 [1] device
+  const float* inv_freq = nullptr;  // f32 [head_dim / 2] device
+  int T = 1;
+  int n_heads = 0;     // heads rotated per token (e.g. n_q + n_kv in a fused qkv row)
+  int head_dim = 0;
+  int64_t row_stride = 0;  // elements between tokens; 0: n_heads * head_dim
+  float attention_scaling = 1.0f;
+};
+void rope(const RopeParams& p, cudaStream_t stream);
+// x f32 [T, H, head_dim] in place.
+void rope(float* x, const int32_t* pos, const float* inv_freq, int T, int H, int head_dim, cudaStream_t stream);
+
+// ---------------------------------------------------------------- elementwise
+
+enum class Act : uint8_t { silu, gelu_tanh };  // gelu_tanh = gelu_pytorch_tanh
+
+// out f32 [T, F] = act(gate) * up, with gate at gate + t*gate_stride and up at
+// up + t*up_stride (strides in elements; 0: F).
+void act_mul(const float* gate, const float* up, float* out, int T, int F, Act act, cudaStream_t stream,
+             int64_t gate_stride = 0, int64_t up_stride = 0);
+// Fused layout: gate_up f32 [T, 2F] (gate | up) -> out f32 [T, F].
+void act_mul_fused(const float* gate_up, float* out, int T, int F, Act act, cudaStream_t stream);
+
+void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);  // out may alias a or b
+void softcap(float* x, int64_t n, float cap, cudaStream_t stream);  // x = cap * tanh(x / cap)
+void scale(float* x, int64_t n, float s, cudaStream_t stream);      // x *= s
+
+// pos[0] += n on the device: the last action of a step.
+void advance_position(int32_t* pos, int n, cudaStream_t stream);
+
+// ---------------------------------------------------------------- linear
+
+// out = x @ w^T (+ bias) (+ residual), or with a gated epilogue
+// out[t, i] = act(row 2i) * row 2i+1 where w's rows interleave gate and up
+// (gate_0, up_0, gate_1, up_1, ...), so one GEMV does gate+up+act_mul.
+enum class Gate : uint8_t { none, silu, gelu_tanh };
+
+struct LinearParams {
+  const float* x = nullptr;      // f32 [T, K]
+  const void* w = nullptr;       // w_dtype [N, K] row-major
+  DType w_dtype = DType::BF16;   // f32 | bf16
+  const void* bias = nullptr;    // w_dtype [N], or null
+  const float* residual = nullptr;  // f32 [T, N] added in the epilogue, or null; may alias out
+  float* out = nullptr;          // f32 [T, N] ([T, N/2] with a gate)
+  int T = 1, N = 0, K = 0;
+  Gate gate = Gate::none;        // N even; no residual
+};
+
+// Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.
+// Not needed (may be null) for T == 1, which never touches cuBLAS and never
+// allocates, so it can be captured into a graph.
+class GemmContext {
+ public:
+  GemmContext();
+  ~GemmContext();
+  GemmContext(const GemmContext&) = delete;
+  GemmContext& operator=(const GemmContext&) = delete;
+  // Pre-allocates scratch for up to `max_tokens` x max(K, N) elements.
+  void reserve(int64_t max_tokens, int64_t max_dim);
+  struct Impl;
+  Impl* impl() const { return impl_; }
+
+ private:
+  Impl* impl_ = nullptr;
+};
+
+// T == 1: a bandwidth-bound GEMV (16-byte weight loads streamed past L1,
+// f32 accumulation, 2 rows per group of threads). T > 1: cuBLAS (bf16 weights:
+// x rounded to bf16 in scratch, bf16 x bf16 -> f32 with f32 accumulation;
+// f32 weights: f32 GEMM without TF32), then the epilogue.
+void linear(const LinearParams& p, GemmContext* gemm, cudaStream_t stream);
+
+// ---------------------------------------------------------------- attention
+
+struct AttentionParams {
+  const float* q = nullptr;  // f32 [T, n_q_heads, head_dim]   token stride q_stride (0: dense)
+  const float* k = nullptr;  // f32 [T, n_kv_heads, head_dim]  token stride k_stride
+  const float* v = nullptr;  // f32 [T, n_kv_heads, head_dim]  token stride v_stride
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
+  void* k_pool = nullptr;    // storage [n_kv_heads, rule.pool, head_dim]
+  void* v_pool = nullptr;    // storage [n_kv_heads, rule.pool, head_dim]
+  DType storage = DType::BF16;  // f32 | bf16 | f16
+  float* out = nullptr;      // f32 [T, n_q_heads, head_dim], dense
+  const int32_t* pos = nullptr;  // i32 [1] device: position of token 0
+  SlotRule rule;             // window 0: flat (slot = position); else ring (slot = position % pool)
+  int T = 1;
+  int n_q_heads = 0, n_kv_heads = 0;  // n_kv_heads divides n_q_heads (GQA)
+  int head_dim = 0;          // power of two, 8..256
+  float scale = 1.0f;        // applied to q.k
+  float softcap = 0.0f;      // > 0: logits = softcap * tanh(logits / softcap), after scaling
+};
+
+// Split-KV scratch for decode (T == 1): partial outputs, partial (max, sum)
+// and one merge counter per (kv head, query-head group). Allocate once per
+// session (it serves every layer whose heads fit) and never resize while a
+// graph that uses it lives. Counters start at zero and are reset by the kernel.
+class AttentionWorkspace {
+ public:
+  // max_splits: static cap on blocks per kv head (1..256), the grid's second
+  // dimension. min_chunk: fewest keys a split takes, so short contexts run
+  // unsplit: a query seeing L keys uses ceil(L / max(min_chunk,
+  // ceil(L / max_splits))) splits.
+  AttentionWorkspace(int max_q_heads, int max_head_dim, int max_splits, int min_chunk = 128);
+  // A split count for `n_kv_heads` heads and up to `max_visible` keys per query:
+  // about two blocks per SM at the longest context, capped at 64.
+  static int choose_splits(int n_kv_heads, int64_t max_visible, int min_chunk = 128);
+
+  int max_q_heads() const { return max_q_heads_; }
+  int max_head_dim() const { return max_head_dim_; }
+  int max_splits() const { return max_splits_; }
+  int min_chunk() const { return min_chunk_; }
+  float* partial_out() const { return partial_out_.as<float>(); }  // f32 [max_q_heads, max_splits, max_head_dim]
+  float* partial_ml() const { return partial_ml_.as<float>(); }    // f32 [max_q_heads, max_splits, 2]
+  unsigned* counters() const { return counters_.as<unsigned>(); }  // u32 [max_q_heads]
+
+ private:
+  int max_q_heads_, max_head_dim_, max_splits_, min_chunk_;
+  DeviceBuffer partial_out_, partial_ml_, counters_;
+};
+
+// One layer's cache step: writes the T new k/v rows (rounded to the storage
+// dtype) at the slots of positions pos..pos+T-1, then attends every query t
+// (position pos+t) over the keys it may see, [first_visible(rule, p), p], read
+// from the pool (so it sees storage-rounded K/V), softmax in f32.
+//   T == 1: one kernel; split-KV flash-decoding over a grid of
+//           (n_kv_heads x query-head groups, ws.max_splits()); each block reads
+//           one KV head once for its whole GQA group; the last block of a head
+//           merges the partials (log-sum-exp). Capturable.
+//   T > 1 : a write kernel, then one block per (query, kv head, group).
+// Preconditions (checked by the caller / the planner, not here): a flat pool
+// has room for pos+T-1; a ring step has T <= max_write.
+void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, cudaStream_t stream);
+
+// Only the write half: k/v rows -> pool slots of positions pos..pos+T-1.
+void write_kv(const AttentionParams& p, cudaStream_t stream);
+
+// ---------------------------------------------------------------- selection
+
+// Sampling settings, read from DEVICE memory when the kernel runs (so one
+// recorded step serves any settings). Same fields as ops::SamplingParams.
+struct SamplingConfig {
+  float temperature = 0.0f;          // <= 0: greedy
+  int32_t top_k = 0;                 // 0: off
+  float top_p = 1.0f;                // >= 1: off
+  float repetition_penalty = 1.0f;   // 1: off (HF rule: logit > 0 ? logit / p : logit * p)
+  uint64_t seed = 0;
+};
+
+// Scratch of argmax / sample: a 64-bit max slot and a block counter, zeroed
+// at construction and left zeroed by every kernel that uses them.
+class SelectWorkspace {
+ public:
+  SelectWorkspace();
+  unsigned long long* slot() const { return buf_.as<unsigned long long>(); }
+  unsigned* counter() const { return reinterpret_cast<unsigned*>(buf_.as<unsigned long long>() + 1); }
+
+ private:
+  DeviceBuffer buf_;
+};
+
+// out_token i32 [1] = argmax of logits f32 [V] (lowest index on ties).
+void argmax(const float* logits, int V, int32_t* out_token, SelectWorkspace& ws, cudaStream_t stream);
+
+struct SampleParams {
+  float* logits = nullptr;                  // f32 [V]; banned ids are set to -inf in place
+  int V = 0;
+  const SamplingConfig* config = nullptr;   // device
+  const int32_t* banned = nullptr;          // i32 [n_banned] device, or null
+  int n_banned = 0;
+  uint8_t* seen = nullptr;                  // u8 [V] device or null: penalised; the chosen id is marked
+  const int32_t* pos = nullptr;             // i32 [1] device: RNG counter
+  int32_t* token = nullptr;                 // i32 [1] device: result
+};
+// Greedy when config->temperature <= 0 (lowest index among maxima). Else
+// HF order: repetition penalty, temperature, top-k, top-p; then one draw
+// u = uniform01(seed, pos) (the same counter-based generator as the CPU
+// backend) walking the kept tokens by decreasing logit, ties by id. Masses
+// are summed in 32.32 fixed point, so the result is deterministic.
+void sample(const SampleParams& p, SelectWorkspace& ws, cudaStream_t stream);
+
+// logits[ids[i]] = -inf for i < n (ids on the device; out-of-range ids ignored).
+void mask_tokens(float* logits, int V, const int32_t* ids, int n, cudaStream_t stream);
+// seen[ids[i]] = 1 for i < n.
+void mark_seen(const int32_t* ids, int n, uint8_t* seen, int V, cudaStream_t stream);
+
+}  // namespace kvgraph::cuda

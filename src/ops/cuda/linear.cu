@@ -1,0 +1,345 @@
+// linear: out = x @ w^T (+ bias) (+ residual), or gated (act(gate) * up).
+//   T == 1: our own bandwidth-bound GEMV (graph-capturable, no allocation).
+//   T  > 1: cuBLAS GEMM, then a small epilogue kernel.
+#include <cublas_v2.h>
+
+#include <string>
+
+#include "ops/cuda/common.cuh"
+
+namespace kvgraph::cuda {
+namespace {
+
+#define KVGRAPH_CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                               \
+    const cublasStatus_t st_ = (call);                                                               \
+    if (st_ != CUBLAS_STATUS_SUCCESS)                                                                \
+      fail_op("linear", std::string(#call) + " failed: " + cublasGetStatusString(st_));              \
+  } while (0)
+
+constexpr int kBlock = 128;  // threads per GEMV block
+
+template <typename W>
+struct GemvArgs {
+  const W* w;         // [N, K]
+  const float* x;     // [K]
+  const W* bias;      // [N] or null
+  const float* residual;  // [N] or null; may alias out
+  float* out;         // [N], or [N / 2] with a gate
+  int N, K;
+  Gate gate;
+};
+
+__device__ __forceinline__ float gate_act(float g, Gate gate) {
+  if (gate == Gate::silu) return g / (1.0f + expf(-g));
+  constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+}
+
+// Rows n0 and n0 + 1 are finished by one thread: bias, residual or gate.
+template <typename W>
+__device__ __forceinline__ void gemv_epilogue(const GemvArgs<W>& a, int n0, float acc0, float acc1) {
+  const bool ok0 = n0 < a.N, ok1 = n0 + 1 < a.N;
+  if (a.bias) {
+    if (ok0) acc0 += detail::to_f32(a.bias[n0]);
+    if (ok1) acc1 += detail::to_f32(a.bias[n0 + 1]);
+  }
+  if (a.gate != Gate::none) {  // N is even, n0 is even: both rows exist together
+    if (ok0) a.out[n0 / 2] = gate_act(acc0, a.gate) * acc1;
+    return;
+  }
+  if (a.residual) {
+    if (ok0) acc0 += a.residual[n0];
+    if (ok1) acc1 += a.residual[n0 + 1];
+  }
+  if (ok0) a.out[n0] = acc0;
+  if (ok1) a.out[n0 + 1] = acc1;
+}
+
+// Weights stream through once per token: skip L1 and mark them evict-first in
+// L2 so activations stay resident.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint4 ld_weights(const uint4* p, uint64_t pol) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p), "l"(pol));
+  return r;
+}
+
+// acc += dot(16 bytes of weights, the matching x values).
+__device__ __forceinline__ float dot16(uint4 w, const float* __restrict__ x, float acc, detail::bf16) {
+  const float4 xa = __ldg(reinterpret_cast<const float4*>(x));
+  const float4 xb = __ldg(reinterpret_cast<const float4*>(x) + 1);
+  acc = fmaf(__uint_as_float(w.x << 16), xa.x, acc);
+  acc = fmaf(__uint_as_float(w.x & 0xffff0000u), xa.y, acc);
+  acc = fmaf(__uint_as_float(w.y << 16), xa.z, acc);
+  acc = fmaf(__uint_as_float(w.y & 0xffff0000u), xa.w, acc);
+  acc = fmaf(__uint_as_float(w.z << 16), xb.x, acc);
+  acc = fmaf(__uint_as_float(w.z & 0xffff0000u), xb.y, acc);
+  acc = fmaf(__uint_as_float(w.w << 16), xb.z, acc);
+  acc = fmaf(__uint_as_float(w.w & 0xffff0000u), xb.w, acc);
+  return acc;
+}
+__device__ __forceinline__ float dot16(uint4 w, const float* __restrict__ x, float acc, float) {
+  const float4 xa = __ldg(reinterpret_cast<const float4*>(x));
+  acc = fmaf(__uint_as_float(w.x), xa.x, acc);
+  acc = fmaf(__uint_as_float(w.y), xa.y, acc);
+  acc = fmaf(__uint_as_float(w.z), xa.z, acc);
+  acc = fmaf(__uint_as_float(w.w), xa.w, acc);
+  return acc;
+}
+
+// GEMV with 16-byte weight loads. A group of kTPR threads (a warp, or the
+// whole block) computes two adjacent rows; thread i of a group reads vectors
+// i, i + kTPR, ... of both rows, kUnroll iterations of loads issued before any
+// use. The first batch of weight loads is issued before waiting for the
+// previous kernel (PDL): weights never depend on it.
+// Requires K % (16 / sizeof(W)) == 0 and 16-byte aligned w and x.
+template <typename W, int kTPR, int kUnroll>
+__global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
+  constexpr int kVE = 16 / sizeof(W);  // elements per 16-byte vector
+  constexpr int kGroups = kBlock / kTPR;
+  const int group = threadIdx.x / kTPR, tig = threadIdx.x % kTPR;
+  const int n0 = (blockIdx.x * kGroups + group) * 2;
+  const int nvec = a.K / kVE;
+  const bool ok0 = n0 < a.N, ok1 = n0 + 1 < a.N;
+  const uint4* w0 = reinterpret_cast<const uint4*>(a.w + size_t(ok0 ? n0 : 0) * a.K);
+  const uint4* w1 = reinterpret_cast<const uint4*>(a.w + size_t(ok1 ? n0 + 1 : 0) * a.K);
+  const uint64_t pol = evict_first_policy();
+  detail::griddep_launch_dependents();
+
+  float acc0 = 0.f, acc1 = 0.f;
+  bool waited = false;
+  for (int base = 0; base < nvec; base += kTPR * kUnroll) {
+    uint4 r0[kUnroll], r1[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = base + u * kTPR + tig;
+      r0[u] = (ok0 && vi < nvec) ? ld_weights(w0 + vi, pol) : make_uint4(0, 0, 0, 0);
+      r1[u] = (ok1 && vi < nvec) ? ld_weights(w1 + vi, pol) : make_uint4(0, 0, 0, 0);
+    }
+    if (!waited) {
+      detail::griddep_wait();
+      waited = true;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = base + u * kTPR + tig;
+      if (vi < nvec) {
+        const float* xv = a.x + size_t(vi) * kVE;
+        acc0 = dot16(r0[u], xv, acc0, W{});
+        acc1 = dot16(r1[u], xv, acc1, W{});
+      }
+    }
+  }
+  if (!waited) detail::griddep_wait();
+
+  acc0 = detail::warp_sum(acc0);
+  acc1 = detail::warp_sum(acc1);
+  if constexpr (kTPR > 32) {
+    constexpr int kWarps = kTPR / 32;
+    __shared__ float red[kBlock / 32][2];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+      red[warp][0] = acc0;
+      red[warp][1] = acc1;
+    }
+    __syncthreads();
+    if (tig != 0) return;
+    acc0 = 0.f;
+    acc1 = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {  // fixed order: deterministic
+      acc0 += red[group * kWarps + w][0];
+      acc1 += red[group * kWarps + w][1];
+    }
+  } else {
+    if (tig != 0) return;
+  }
+  gemv_epilogue(a, n0, acc0, acc1);
+}
+
+// Fallback for unaligned pointers or K not a multiple of the vector width:
+// one warp per pair of rows, scalar loads.
+template <typename W>
+__global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n0 = (blockIdx.x * (kBlock / 32) + warp) * 2;
+  const bool ok0 = n0 < a.N, ok1 = n0 + 1 < a.N;
+  const W* w0 = a.w + size_t(ok0 ? n0 : 0) * a.K;
+  const W* w1 = a.w + size_t(ok1 ? n0 + 1 : 0) * a.K;
+  float acc0 = 0.f, acc1 = 0.f;
+  for (int k = lane; k < a.K; k += 32) {
+    const float xk = a.x[k];
+    if (ok0) acc0 = fmaf(detail::to_f32(w0[k]), xk, acc0);
+    if (ok1) acc1 = fmaf(detail::to_f32(w1[k]), xk, acc1);
+  }
+  acc0 = detail::warp_sum(acc0);
+  acc1 = detail::warp_sum(acc1);
+  if (lane == 0) gemv_epilogue(a, n0, acc0, acc1);
+}
+
+template <typename W>
+void launch_gemv(const GemvArgs<W>& a, cudaStream_t stream) {
+  constexpr int kVE = 16 / sizeof(W);
+  const bool aligned = a.K % kVE == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+  const int pairs = (a.N + 1) / 2;
+  if (!aligned) {
+    launch(gemv_scalar_kernel<W>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
+    return;
+  }
+  const int nvec = a.K / kVE;
+  if (nvec >= 2 * kBlock) {  // long rows: the whole block on one pair of rows
+    launch(gemv_kernel<W, kBlock, 2>, dim3(pairs), dim3(kBlock), 0, stream, a);
+  } else {  // short rows: one warp per pair of rows
+    launch(gemv_kernel<W, 32, 4>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
+  }
+}
+
+// ---------------------------------------------------------------- T > 1 helpers
+
+__global__ void to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = kvgraph::f32_to_bf16(x[i]);
+}
+
+// out [T, N] += bias [N]
+template <typename W>
+__global__ void bias_kernel(float* out, const W* bias, int T, int N) {
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < int64_t(T) * N) out[i] += detail::to_f32(bias[i % N]);
+}
+
+// out [T, N/2] = act(y[:, 2i] + b[2i]) * (y[:, 2i+1] + b[2i+1]) for y [T, N].
+template <typename W>
+__global__ void gate_kernel(const float* y, const W* bias, float* out, int T, int N, Gate gate) {
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  const int F = N / 2;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(T) * F) return;
+  const int64_t t = i / F;
+  const int f = static_cast<int>(i % F);
+  float g = y[t * N + 2 * f], u = y[t * N + 2 * f + 1];
+  if (bias) {
+    g += detail::to_f32(bias[2 * f]);
+    u += detail::to_f32(bias[2 * f + 1]);
+  }
+  out[i] = gate_act(g, gate) * u;
+}
+
+constexpr size_t kCublasWorkspace = size_t{32} << 20;
+
+}  // namespace
+
+// ---------------------------------------------------------------- GemmContext
+
+struct GemmContext::Impl {
+  cublasHandle_t handle = nullptr;
+  DeviceBuffer workspace{kCublasWorkspace};
+  DeviceBuffer x_bf16;  // bf16 [T, K]
+  DeviceBuffer y;       // f32 [T, N] (gated epilogue)
+
+  // Grows `buf` to `bytes`; not allowed while the stream is being captured.
+  static void ensure(DeviceBuffer& buf, size_t bytes, cudaStream_t stream) {
+    if (buf.bytes() >= bytes) return;
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    KVGRAPH_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
+    if (st != cudaStreamCaptureStatusNone)
+      fail_op("linear", "GemmContext scratch too small during graph capture; call reserve() first");
+    KVGRAPH_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be in use
+    buf = DeviceBuffer(bytes);
+  }
+};
+
+GemmContext::GemmContext() : impl_(new Impl) {
+  if (cublasCreate(&impl_->handle) != CUBLAS_STATUS_SUCCESS) {
+    delete impl_;
+    impl_ = nullptr;
+    fail_op("linear", "cublasCreate failed");
+  }
+}
+
+GemmContext::~GemmContext() {
+  if (impl_) {
+    if (impl_->handle) cublasDestroy(impl_->handle);
+    delete impl_;
+  }
+}
+
+void GemmContext::reserve(int64_t max_tokens, int64_t max_dim) {
+  const size_t n = size_t(max_tokens) * size_t(max_dim);
+  if (impl_->x_bf16.bytes() < n * 2) impl_->x_bf16 = DeviceBuffer(n * 2);
+  if (impl_->y.bytes() < n * 4) impl_->y = DeviceBuffer(n * 4);
+}
+
+// ---------------------------------------------------------------- linear
+
+void linear(const LinearParams& p, GemmContext* gemm, cudaStream_t stream) {
+  if (p.T < 1 || p.N < 1 || p.K < 1) fail_op("linear", "bad shape");
+  if (!p.x || !p.w || !p.out) fail_op("linear", "null pointer");
+  if (p.gate != Gate::none && (p.N % 2 || p.residual))
+    fail_op("linear", "a gated linear needs an even N and no residual");
+
+  dispatch_weight(p.w_dtype, "linear", [&](auto tag) {
+    using W = decltype(tag);
+    if (p.T == 1) {
+      GemvArgs<W> a{static_cast<const W*>(p.w), p.x, static_cast<const W*>(p.bias), p.residual, p.out,
+                    p.N, p.K, p.gate};
+      launch_gemv(a, stream);
+      return;
+    }
+    if (!gemm) fail_op("linear", "T > 1 needs a GemmContext");
+    GemmContext::Impl& g = *gemm->impl();
+    const int64_t TK = int64_t(p.T) * p.K, TN = int64_t(p.T) * p.N;
+    const bool gated = p.gate != Gate::none;
+
+    const void* B = p.x;
+    cudaDataType_t ab_type = CUDA_R_32F;
+    if constexpr (sizeof(W) == 2) {  // bf16 weights: x rounded to bf16 for a tensor-core GEMM
+      GemmContext::Impl::ensure(g.x_bf16, size_t(TK) * 2, stream);
+      launch(to_bf16_kernel, dim3(ceil_div(TK, 256)), dim3(256), 0, stream, p.x, g.x_bf16.as<uint16_t>(), TK);
+      B = g.x_bf16.data();
+      ab_type = CUDA_R_16BF;
+    }
+    float* C = p.out;
+    float beta = 0.f;
+    if (gated) {
+      GemmContext::Impl::ensure(g.y, size_t(TN) * 4, stream);
+      C = g.y.as<float>();
+    } else if (p.residual) {
+      if (p.residual != p.out)
+        KVGRAPH_CUDA_CHECK(cudaMemcpyAsync(p.out, p.residual, size_t(TN) * 4, cudaMemcpyDeviceToDevice, stream));
+      beta = 1.f;
+    }
+    const float alpha = 1.f;
+    KVGRAPH_CUBLAS_CHECK(cublasSetStream(g.handle, stream));
+    // cublasSetStream resets the workspace: set ours again (graph-safe).
+    KVGRAPH_CUBLAS_CHECK(cublasSetWorkspace(g.handle, g.workspace.data(), g.workspace.bytes()));
+    // Row-major out[T, N] = x[T, K] w[N, K]^T is column-major out^T = w^T x^T.
+    KVGRAPH_CUBLAS_CHECK(cublasGemmEx(g.handle, CUBLAS_OP_T, CUBLAS_OP_N, p.N, p.T, p.K, &alpha, p.w, ab_type, p.K,
+                                      B, ab_type, p.K, &beta, C, CUDA_R_32F, p.N, CUBLAS_COMPUTE_32F,
+                                      CUBLAS_GEMM_DEFAULT));
+    const W* bias = static_cast<const W*>(p.bias);
+    if (gated) {
+      launch(gate_kernel<W>, dim3(ceil_div(TN / 2, 256)), dim3(256), 0, stream, static_cast<const float*>(C), bias,
+             p.out, p.T, p.N, p.gate);
+    } else if (bias) {
+      launch(bias_kernel<W>, dim3(ceil_div(TN, 256)), dim3(256), 0, stream, p.out, bias, p.T, p.N);
+    }
+  });
+}
+
+}  // namespace kvgraph::cuda

@@ -1,0 +1,165 @@
+// Front of the op set: checks arguments once, then hands the op to the
+// stream's backend (a CPU closure, or a CUDA launch).
+#include "kvgraph/ops.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "kvgraph/error.h"
+#include "ops/cpu/kernels.h"
+#ifdef KVGRAPH_HAVE_CUDA
+#include "ops/cuda/ops_cuda.h"
+#define KV_CUDA_OP(op, ...) return cuda_ops::op(__VA_ARGS__)
+#else
+#define KV_CUDA_OP(op, ...) fail(#op, "has no CUDA implementation in this build")
+#endif
+
+namespace kvgraph::ops {
+
+namespace {
+
+void need(bool ok, const char* op, const char* what) {
+  if (!ok) fail(op, "{}", what);
+}
+void need_f32(const Tensor& t, const char* op, const char* name) {
+  if (t.dtype() != DType::F32) fail(op, "{} must be f32, got {}", name, dtype_name(t.dtype()));
+}
+void need_cpu_weight(const Tensor& t, const char* op) {
+  if (t.dtype() != DType::F32) fail(op, "CPU backend expects f32 weights, got {}", dtype_name(t.dtype()));
+}
+
+}  // namespace
+
+void embedding(Stream& s, const Tensor& table, const Tensor& ids, Tensor& out, float scale) {
+  need(ids.dtype() == DType::I32, "embedding", "ids must be i32");
+  need_f32(out, "embedding", "out");
+  const int T = static_cast<int>(ids.numel());
+  const int D = static_cast<int>(table.dim(1));
+  need(out.numel() == int64_t(T) * D, "embedding", "out must be [T, D]");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(embedding, s, table, ids, out, scale);
+  need_cpu_weight(table, "embedding");
+  s.submit([tab = table.data<float>(), V = table.dim(0), id = ids.data<int32_t>(), T, D, scale,
+            o = out.data<float>()] { cpu::embedding(tab, V, id, T, D, scale, o); });
+}
+
+void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one) {
+  need_f32(x, "rms_norm", "x");
+  const int D = static_cast<int>(w.numel());
+  need(x.numel() % D == 0 && out.numel() == x.numel(), "rms_norm", "x/out must be [rows, D]");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(rms_norm, s, x, w, out, eps, plus_one);
+  need_cpu_weight(w, "rms_norm");
+  s.submit([xp = x.data<float>(), wp = w.data<float>(), o = out.data<float>(), rows = x.numel() / D, D, eps,
+            plus_one] { cpu::rms_norm(xp, wp, o, rows, D, eps, plus_one); });
+}
+
+void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
+  need_f32(x, "linear", "x");
+  const int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
+  need(x.numel() % K == 0, "linear", "x must be [T, K]");
+  const int T = static_cast<int>(x.numel() / K);
+  if (out.numel() != int64_t(T) * N)
+    fail("linear", "out must be [{}, {}], got {}", T, N, out.shape_str());
+  if (s.device() == Device::CUDA) KV_CUDA_OP(linear, s, x, w, bias, out);
+  need_cpu_weight(w, "linear");
+  s.submit([xp = x.data<float>(), wp = w.data<float>(), bp = bias ? bias->data<float>() : nullptr,
+            o = out.data<float>(), T, N, K] { cpu::linear(xp, wp, bp, o, T, N, K); });
+}
+
+void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq) {
+  need_f32(x, "rope", "x");
+  need(x.rank() == 3 && inv_freq.numel() * 2 == x.dim(2), "rope", "x must be [T, H, head_dim]");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(rope, s, x, pos, inv_freq);
+  s.submit([xp = x.data<float>(), p = pos.data<int32_t>(), f = inv_freq.data<float>(), T = int(x.dim(0)),
+            H = int(x.dim(1)), D = int(x.dim(2))] { cpu::rope(xp, *p, f, T, H, D); });
+}
+
+void act_mul(Stream& s, const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {
+  need(gate.numel() == up.numel() && out.numel() == gate.numel(), "act_mul", "shapes differ");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(act_mul, s, gate, up, out, act);
+  s.submit([g = gate.data<float>(), u = up.data<float>(), o = out.data<float>(), n = gate.numel(), act] {
+    cpu::act_mul(g, u, o, n, act);
+  });
+}
+
+void add(Stream& s, const Tensor& a, const Tensor& b, Tensor& out) {
+  need(a.numel() == b.numel() && out.numel() == a.numel(), "add", "shapes differ");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(add, s, a, b, out);
+  s.submit([ap = a.data<float>(), bp = b.data<float>(), o = out.data<float>(), n = a.numel()] {
+    cpu::add(ap, bp, o, n);
+  });
+}
+
+void softcap(Stream& s, Tensor& x, float cap) {
+  if (s.device() == Device::CUDA) KV_CUDA_OP(softcap, s, x, cap);
+  s.submit([xp = x.data<float>(), n = x.numel(), cap] { cpu::softcap(xp, n, cap); });
+}
+
+void sample(Stream& s, const Tensor& logits, const Tensor& config, const Tensor& banned, int n_banned,
+            Tensor& seen, const Tensor& pos, Tensor& token) {
+  need(token.dtype() == DType::I32, "sample", "token must be i32");
+  need(config.nbytes() >= sizeof(SamplingParams), "sample", "config buffer too small");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(sample, s, logits, config, banned, n_banned, seen, pos, token);
+  s.submit([l = logits.data<float>(), V = int(logits.numel()), params = config.data<SamplingParams>(),
+            b = banned.data<int32_t>(), n_banned,
+            sn = seen.data<uint8_t>(), p = pos.data<int32_t>(), tok = token.data<int32_t>()] {
+    const int32_t t = cpu::sample(l, V, *params, b, n_banned, sn, *p);
+    *tok = t;
+    sn[t] = 1;
+  });
+}
+
+void mark_seen(Stream& s, const Tensor& ids, Tensor& seen) {
+  if (s.device() == Device::CUDA) KV_CUDA_OP(mark_seen, s, ids, seen);
+  s.submit([id = ids.data<int32_t>(), n = ids.numel(), sn = seen.data<uint8_t>(), V = seen.numel()] {
+    for (int64_t i = 0; i < n; ++i)
+      if (id[i] >= 0 && id[i] < V) sn[id[i]] = 1;
+  });
+}
+
+void advance(Stream& s, Tensor& pos, int n) {
+  if (s.device() == Device::CUDA) KV_CUDA_OP(advance, s, pos, n);
+  s.submit([p = pos.data<int32_t>(), n] { *p += n; });
+}
+
+void copy(Stream& s, const Tensor& src, Tensor& dst) {
+  need(src.nbytes() <= dst.nbytes(), "copy", "destination too small");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(copy, s, src, dst);
+  s.submit([a = src.raw(), b = dst.raw(), n = src.nbytes()] { std::memcpy(b, a, n); });
+}
+
+void fill_random(Stream& s, Tensor& t, uint64_t seed, float scale) {
+  need(t.dtype() == DType::F32 || t.dtype() == DType::BF16, "fill_random", "tensor must be f32 or bf16");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(fill_random, s, t, seed, scale);
+  s.submit([p = t.raw(), n = t.numel(), dt = t.dtype(), seed, scale] {
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = (2.0f * cpu::uniform01(seed, static_cast<int32_t>(i & 0x7fffffff)) - 1.0f) * scale;
+      if (dt == DType::F32)
+        static_cast<float*>(p)[i] = v;
+      else
+        static_cast<uint16_t*>(p)[i] = f32_to_bf16(v);
+    }
+  });
+}
+
+double measure_copy_bandwidth_gbs(Device d) {
+  if (d == Device::CUDA) {
+#ifdef KVGRAPH_HAVE_CUDA
+    return cuda_ops::measure_copy_bandwidth_gbs();
+#else
+    fail("measure_copy_bandwidth", "has no CUDA implementation in this build");
+#endif
+  }
+  const size_t n = size_t(256) << 20;
+  std::vector<char> a(n, 1), b(n, 0);
+  double best = 1e30;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(b.data(), a.data(), n);
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * n / best / 1e9;
+}
+
+}  // namespace kvgraph::ops

@@ -1,0 +1,167 @@
+// Compiled (recorded once, replayed per token) and eager decode must agree
+// bit for bit, for every family and cache policy; the recorded step must
+// read its position from the step state, never from record time.
+#include <cstring>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kvgraph/error.h"
+#include "kvgraph/model.h"
+#include "kvgraph/session.h"
+#include "support/fixtures.h"
+
+using namespace kvgraph;
+using namespace kvgraph::testing;
+using ::testing::HasSubstr;
+
+namespace {
+
+struct Trace {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+};
+
+// Prefill `prompt`, then decode `steps` tokens; records every token and the
+// logits it was sampled from.
+Trace run(std::shared_ptr<const Model> m, SessionOptions so, const std::vector<int32_t>& prompt, int steps,
+          ops::SamplingParams sp, int* captures = nullptr) {
+  Session s(std::move(m), so);
+  s.sampling() = sp;
+  Trace t;
+  s.prefill(prompt);
+  t.tokens.push_back(s.sample());
+  t.logits.push_back(s.last_logits());
+  for (int i = 0; i < steps; ++i) {
+    t.tokens.push_back(s.decode());
+    t.logits.push_back(s.last_logits());
+  }
+  if (captures) *captures = s.captures();
+  return t;
+}
+
+void expect_bitwise(const Trace& a, const Trace& b, const std::string& what) {
+  ASSERT_EQ(a.tokens, b.tokens) << what;
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  for (size_t i = 0; i < a.logits.size(); ++i)
+    ASSERT_EQ(0, std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)))
+        << what << ": logits differ at step " << i;
+}
+
+}  // namespace
+
+class CompiledDecode : public ::testing::TestWithParam<std::string> {};
+
+// 216 decode steps; fixture windows are 8-16, so ring layers (pool =
+// window + max_write - 1) wrap many times. Families cover flat-only
+// (llama, qwen3), ring-only (mistral) and mixed (qwen2, gemma2, gemma3).
+TEST_P(CompiledDecode, BitwiseEqualToEagerOverManyStepsGreedyAndSampled) {
+  auto model = Model::load(fixtures_dir() / GetParam(), Device::CPU);
+  const Reference ref = load_reference(GetParam());
+  SessionOptions so;
+  so.capacity = 240;
+  so.max_write = 4;
+  for (ops::SamplingParams sp : {ops::SamplingParams{}, ops::SamplingParams{0.9f, 20, 0.9f, 1.1f, 7}}) {
+    int captures = 0;
+    so.eager = true;
+    Trace eager = run(model, so, ref.greedy_prompt, 216, sp);
+    so.eager = false;
+    Trace compiled = run(model, so, ref.greedy_prompt, 216, sp, &captures);
+    expect_bitwise(eager, compiled, GetParam());
+    EXPECT_EQ(captures, 1) << "the decode step must be recorded once per session";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CompiledDecode, ::testing::ValuesIn(fixture_families()),
+                         [](const auto& info) { return info.param; });
+
+TEST(CompiledDecodeState, RecordedAtOnePositionReplaysCorrectlyAtAnother) {
+  // Record at position 16 (the first decode), then move the sequence: reset
+  // and prefill a prompt of another length, and trim back within the ring
+  // rule. The same recording must follow the position in the step state; a
+  // step that froze 16 would write and read the wrong slots and diverge.
+  auto model = Model::load(fixtures_dir() / "gemma3", Device::CPU);
+  const Reference ref = load_reference("gemma3");
+  SessionOptions so;
+  so.capacity = 200;
+  so.max_write = 4;
+  Session compiled(model, so);
+  so.eager = true;
+  Session eager(model, so);
+  std::vector<std::vector<int32_t>> tokens(2);
+  std::vector<std::vector<float>> last(2);
+  int k = 0;
+  for (Session* s : {&compiled, &eager}) {
+    auto& out = tokens[k];
+    s->prefill(ref.greedy_prompt);
+    s->sample();
+    for (int i = 0; i < 20; ++i) s->decode();  // recorded at position 16
+    s->reset();
+    std::vector<int32_t> other(ref.ids.begin() + 3, ref.ids.begin() + 40);  // 37 tokens
+    s->prefill(other);
+    out.push_back(s->sample());
+    for (int i = 0; i < 60; ++i) out.push_back(s->decode());
+    s->trim(s->position() - 3);  // within max_write: allowed for the ring layers
+    s->prefill(std::vector<int32_t>{ref.ids[50], ref.ids[51]});
+    out.push_back(s->sample());
+    for (int i = 0; i < 30; ++i) out.push_back(s->decode());
+    last[k] = s->last_logits();
+    ++k;
+  }
+  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(0, std::memcmp(last[0].data(), last[1].data(), last[0].size() * sizeof(float)));
+  EXPECT_EQ(compiled.captures(), 1);
+  EXPECT_EQ(eager.captures(), 0);
+}
+
+TEST(CompiledDecodeState, FullCacheRaisesBeforeWritingAndLeavesCacheUnchanged) {
+  auto model = Model::load(fixtures_dir() / "llama", Device::CPU);
+  const Reference ref = load_reference("llama");
+  for (bool eager : {false, true}) {
+    SessionOptions so;
+    so.capacity = 24;
+    so.max_write = 4;
+    so.eager = eager;
+    Session s(model, so);
+    s.prefill(ref.greedy_prompt);  // 16
+    s.sample();
+    while (s.position() < 24) s.decode();
+    std::vector<std::vector<float>> before;
+    for (int l = 0; l < s.cache().n_layers(); ++l) {
+      before.push_back(s.cache().k_pool(l).to_f32_vector());
+      before.push_back(s.cache().v_pool(l).to_f32_vector());
+    }
+    try {
+      s.decode();
+      FAIL() << "expected a full-cache error";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("cache is full: 24 of 24"));
+    }
+    EXPECT_EQ(s.position(), 24);
+    for (int l = 0; l < s.cache().n_layers(); ++l) {
+      EXPECT_EQ(before[2 * l], s.cache().k_pool(l).to_f32_vector());
+      EXPECT_EQ(before[2 * l + 1], s.cache().v_pool(l).to_f32_vector());
+    }
+    // A prompt that does not fit is refused before anything is written too.
+    s.reset();
+    EXPECT_THROW(s.prefill(std::vector<int32_t>(25, 5)), Error);
+    EXPECT_EQ(s.position(), 0);
+  }
+}
+
+TEST(CompiledDecodeState, RecordedStepReadsNoHostPositionCpuTapeHasFixedLength) {
+  // The tape is recorded once; its length does not grow with tokens.
+  auto model = Model::load(fixtures_dir() / "qwen2", Device::CPU);
+  const Reference ref = load_reference("qwen2");
+  SessionOptions so;
+  so.capacity = 64;
+  Session s(model, so);
+  s.prefill(ref.greedy_prompt);
+  s.sample();
+  s.decode();
+  const size_t ops = s.recorded_ops();
+  EXPECT_GT(ops, 10u);
+  for (int i = 0; i < 20; ++i) s.decode();
+  EXPECT_EQ(s.recorded_ops(), ops);
+  EXPECT_EQ(s.captures(), 1);
+}

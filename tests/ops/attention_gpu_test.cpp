@@ -1,0 +1,621 @@
+// CUDA update_and_attend against a CPU reference that keeps the full history
+// of (storage-rounded) K/V by absolute position and attends each query over
+// its visible range directly. So a ring pool is checked against full-history
+// attention restricted to the window, across many wraps and step sizes.
+// Pools start filled with NaN bytes: a read of a slot that was never written
+// poisons the output.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvgraph/dtype.h"
+#include "kvgraph/error.h"
+#include "ops/cuda/kernels.h"
+
+namespace kvgraph::cuda {
+namespace {
+
+template <typename T>
+DeviceBuffer to_device(const std::vector<T>& v) {
+  DeviceBuffer b(v.size() * sizeof(T));
+  b.upload(v.data(), v.size() * sizeof(T));
+  return b;
+}
+template <typename T>
+std::vector<T> to_host(const DeviceBuffer& b, size_t n) {
+  std::vector<T> v(n);
+  b.download(v.data(), n * sizeof(T));
+  return v;
+}
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+double norm_err(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - double(want[i]));
+    num = std::isnan(d) ? INFINITY : std::max(num, d);
+    den = std::max(den, std::fabs(double(want[i])));
+  }
+  return den > 0 ? num / den : num;
+}
+float round_to(DType s, float x) {
+  if (s == DType::BF16) return bf16_to_f32(f32_to_bf16(x));
+  if (s == DType::F16) return f16_to_f32(f32_to_f16(x));
+  return x;
+}
+
+struct Case {
+  int Hq = 8, Hkv = 2, D = 64;
+  DType storage = DType::BF16;
+  int window = 0;      // 0: flat pool of `capacity` slots; else ring of window + max_write - 1
+  int max_write = 1;
+  int capacity = 0;
+  float softcap = 0.f;
+  float scale_mult = 1.f;  // scale = scale_mult / sqrt(D)
+  int max_splits = 8;
+  int min_chunk = 4;
+  bool fused_qkv = false;  // q, k, v as strided views of one [T, (Hq + 2 Hkv) * D] buffer
+};
+
+std::string describe(const Case& c) {
+  return "Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) + " " +
+         std::string(dtype_name(c.storage)) + (c.window ? " ring W=" + std::to_string(c.window) : " flat") +
+         (c.softcap > 0 ? " softcap" : "") + (c.fused_qkv ? " fused" : "");
+}
+
+// The reference: full K/V history by absolute position, rounded like the pool.
+struct History {
+  int Hkv, D;
+  DType storage;
+  std::vector<float> K, V;  // [position, Hkv, D]
+  void append(const std::vector<float>& k, const std::vector<float>& v, int T, int64_t k_stride, int64_t v_stride) {
+    for (int t = 0; t < T; ++t)
+      for (int i = 0; i < Hkv * D; ++i) {
+        K.push_back(round_to(storage, k[t * k_stride + i]));
+        V.push_back(round_to(storage, v[t * v_stride + i]));
+      }
+  }
+};
+
+// Output of query t (absolute position p) for every q head, f32 [Hq, D].
+std::vector<float> ref_attend(const History& hist, const float* q, int Hq, int p, int window, float scale,
+                              float softcap) {
+  const int D = hist.D, Hkv = hist.Hkv, G = Hq / Hkv;
+  const int lo = window > 0 ? std::max(0, p - window + 1) : 0;
+  std::vector<float> out(size_t(Hq) * D);
+  std::vector<double> w(p - lo + 1);
+  for (int hq = 0; hq < Hq; ++hq) {
+    const int h = hq / G;
+    double mx = -INFINITY;
+    for (int j = lo; j <= p; ++j) {
+      const float* k = &hist.K[(size_t(j) * Hkv + h) * D];
+      double s = 0;
+      for (int d = 0; d < D; ++d) s += double(q[hq * D + d]) * k[d];
+      s *= scale;
+      if (softcap > 0) s = softcap * std::tanh(s / softcap);
+      w[j - lo] = s;
+      mx = std::max(mx, s);
+    }
+    double sum = 0;
+    for (auto& x : w) sum += (x = std::exp(x - mx));
+    for (int d = 0; d < D; ++d) {
+      double o = 0;
+      for (int j = lo; j <= p; ++j) o += w[j - lo] * hist.V[(size_t(j) * Hkv + h) * D + d];
+      out[size_t(hq) * D + d] = float(o / sum);
+    }
+  }
+  return out;
+}
+
+// Drives one layer's pool through a sequence of steps on the device and
+// checks each step against the reference.
+class Runner {
+ public:
+  explicit Runner(const Case& c)
+      : c_(c),
+        pool_(c.window > 0 ? c.window + c.max_write - 1 : c.capacity),
+        k_pool_(bytes()),
+        v_pool_(bytes()),
+        pos_(to_device(std::vector<int32_t>{0})),
+        ws_(c.Hq, c.D, c.max_splits, c.min_chunk),
+        hist_{c.Hkv, c.D, c.storage, {}, {}} {
+    KVGRAPH_CUDA_CHECK(cudaMemset(k_pool_.data(), 0xff, k_pool_.bytes()));  // NaN everywhere
+    KVGRAPH_CUDA_CHECK(cudaMemset(v_pool_.data(), 0xff, v_pool_.bytes()));
+  }
+
+  size_t bytes() const { return size_t(c_.Hkv) * pool_ * c_.D * dtype_size(c_.storage); }
+  int32_t length() const { return length_; }
+  const std::vector<float>& last_output() const { return out_; }
+
+  // One step of T tokens; checks the rows in `rows` (all when empty).
+  // Returns the worst normalised error over the checked rows.
+  double step(int T, uint32_t seed, std::vector<int> rows = {}) {
+    const int Hq = c_.Hq, Hkv = c_.Hkv, D = c_.D;
+    std::vector<float> q, k, v, qkv;
+    int64_t qs = int64_t(Hq) * D, ks = int64_t(Hkv) * D, vs = ks;
+    DeviceBuffer dq, dk, dv, dqkv;
+    AttentionParams p;
+    if (c_.fused_qkv) {
+      const int64_t row = int64_t(Hq + 2 * Hkv) * D;
+      qkv = randn(size_t(T) * row, seed);
+      dqkv = to_device(qkv);
+      p.q = dqkv.as<float>();
+      p.k = p.q + int64_t(Hq) * D;
+      p.v = p.k + int64_t(Hkv) * D;
+      p.q_stride = p.k_stride = p.v_stride = row;
+      qs = ks = vs = row;
+    } else {
+      q = randn(size_t(T) * Hq * D, seed);
+      k = randn(size_t(T) * Hkv * D, seed + 1000003);
+      v = randn(size_t(T) * Hkv * D, seed + 2000003);
+      dq = to_device(q);
+      dk = to_device(k);
+      dv = to_device(v);
+      p.q = dq.as<float>();
+      p.k = dk.as<float>();
+      p.v = dv.as<float>();
+    }
+    DeviceBuffer dout(size_t(T) * Hq * D * 4);
+    p.k_pool = k_pool_.data();
+    p.v_pool = v_pool_.data();
+    p.storage = c_.storage;
+    p.out = dout.as<float>();
+    p.pos = pos_.as<int32_t>();
+    p.rule = SlotRule{pool_, c_.window};
+    p.T = T;
+    p.n_q_heads = Hq;
+    p.n_kv_heads = Hkv;
+    p.head_dim = D;
+    p.scale = c_.scale_mult / std::sqrt(float(D));
+    p.softcap = c_.softcap;
+    update_and_attend(p, ws_, stream_.get());
+    advance_position(pos_.as<int32_t>(), T, stream_.get());
+    out_ = to_host<float>(dout, size_t(T) * Hq * D);
+
+    const float* qh = c_.fused_qkv ? qkv.data() : q.data();
+    if (c_.fused_qkv)
+      hist_.append(std::vector<float>(qkv.begin() + int64_t(Hq) * D, qkv.end()),
+                   std::vector<float>(qkv.begin() + int64_t(Hq + Hkv) * D, qkv.end()), T, ks, vs);
+    else
+      hist_.append(k, v, T, ks, vs);
+    if (rows.empty())
+      for (int t = 0; t < T; ++t) rows.push_back(t);
+    double worst = 0;
+    for (int t : rows) {
+      auto want = ref_attend(hist_, qh + t * qs, Hq, length_ + t, c_.window, p.scale, c_.softcap);
+      std::vector<float> got(out_.begin() + size_t(t) * Hq * D, out_.begin() + size_t(t + 1) * Hq * D);
+      worst = std::max(worst, norm_err(got, want));
+    }
+    length_ += T;
+    return worst;
+  }
+
+  int32_t device_position() const { return to_host<int32_t>(pos_, 1)[0]; }
+
+ private:
+  Case c_;
+  CudaStream stream_;  // blocking: ordered after the uploads, before the downloads
+  int pool_;
+  DeviceBuffer k_pool_, v_pool_, pos_;
+  AttentionWorkspace ws_;
+  History hist_;
+  int32_t length_ = 0;
+  std::vector<float> out_;
+};
+
+bool have_gpu() { return device_count() > 0; }
+#define SKIP_WITHOUT_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+constexpr double kTol = 1e-3;
+
+// ---------------------------------------------------------------- flat: GQA x head dim x storage
+
+struct FlatParam {
+  int D, Hq, Hkv;
+  DType storage;
+};
+
+class CudaAttentionFlat : public ::testing::TestWithParam<FlatParam> {};
+
+TEST_P(CudaAttentionFlat, PrefillThenDecodeMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  const FlatParam fp = GetParam();
+  Case c;
+  c.D = fp.D;
+  c.Hq = fp.Hq;
+  c.Hkv = fp.Hkv;
+  c.storage = fp.storage;
+  c.capacity = 128;
+  Runner r(c);
+  uint32_t seed = 1;
+  EXPECT_LT(r.step(37, seed++), kTol) << describe(c) << " prefill";
+  for (int i = 0; i < 12; ++i) ASSERT_LT(r.step(1, seed++), kTol) << describe(c) << " decode at " << r.length();
+  EXPECT_LT(r.step(9, seed++), kTol) << describe(c) << " second prefill chunk";
+  for (int i = 0; i < 10; ++i) ASSERT_LT(r.step(1, seed++), kTol) << describe(c) << " decode at " << r.length();
+  EXPECT_EQ(r.device_position(), r.length());
+}
+
+std::vector<FlatParam> flat_params() {
+  std::vector<FlatParam> v;
+  for (int D : {16, 64, 128, 256})
+    for (auto [hq, hkv] : {std::pair{4, 4}, {4, 2}, {8, 2}, {14, 2}})  // GQA 1, 2, 4, 7
+      for (DType s : {DType::F32, DType::BF16, DType::F16}) v.push_back({D, hq, hkv, s});
+  v.push_back({32, 4, 1, DType::BF16});
+  v.push_back({8, 2, 1, DType::F32});
+  return v;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CudaAttentionFlat, ::testing::ValuesIn(flat_params()),
+                         [](const ::testing::TestParamInfo<FlatParam>& i) {
+                           return "D" + std::to_string(i.param.D) + "_Hq" + std::to_string(i.param.Hq) + "_Hkv" +
+                                  std::to_string(i.param.Hkv) + "_" + std::string(dtype_name(i.param.storage));
+                         });
+
+// ---------------------------------------------------------------- ring: many wraps, mixed step sizes
+
+class CudaAttentionRing : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaAttentionRing, StepsOfOneToMaxWriteAcrossWrapsMatchFullHistoryInTheWindow) {
+  SKIP_WITHOUT_GPU();
+  const Case c = GetParam();
+  Runner r(c);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> pick(1, c.max_write);
+  const int pool = c.window + c.max_write - 1;
+  uint32_t seed = 11;
+  while (r.length() < 10 * pool) {
+    const int T = pick(rng);
+    ASSERT_LT(r.step(T, seed++), kTol) << describe(c) << " step T=" << T << " at " << r.length();
+  }
+  EXPECT_EQ(r.device_position(), r.length());
+}
+
+Case ring(int D, int Hq, int Hkv, DType s, int window, int max_write, float softcap = 0.f, float scale_mult = 1.f) {
+  Case c;
+  c.D = D;
+  c.Hq = Hq;
+  c.Hkv = Hkv;
+  c.storage = s;
+  c.window = window;
+  c.max_write = max_write;
+  c.softcap = softcap;
+  c.scale_mult = scale_mult;
+  c.min_chunk = 2;
+  return c;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CudaAttentionRing,
+                         ::testing::Values(ring(64, 14, 2, DType::BF16, 16, 5),
+                                           ring(128, 8, 2, DType::F16, 16, 5, 30.f, 4.f),
+                                           ring(32, 4, 1, DType::F32, 8, 3),
+                                           ring(16, 4, 4, DType::BF16, 16, 16),
+                                           ring(256, 8, 4, DType::BF16, 12, 4),
+                                           ring(64, 4, 1, DType::BF16, 5, 1)));
+
+// ---------------------------------------------------------------- other shapes and features
+
+TEST(CudaAttention, GroupsLargerThanEightSplitAcrossBlocks) {
+  SKIP_WITHOUT_GPU();
+  for (auto [hq, hkv] : {std::pair{16, 1}, {12, 1}, {24, 2}}) {
+    Case c;
+    c.D = 64;
+    c.Hq = hq;
+    c.Hkv = hkv;
+    c.capacity = 64;
+    Runner r(c);
+    EXPECT_LT(r.step(20, 1), kTol) << describe(c);
+    for (int i = 0; i < 8; ++i) ASSERT_LT(r.step(1, 2 + i), kTol) << describe(c);
+  }
+}
+
+TEST(CudaAttention, SoftcapAndLargeLogits) {
+  SKIP_WITHOUT_GPU();
+  Case c;  // Gemma-2-like: head_dim 256, softcap 50; logits scaled up so the cap bites
+  c.D = 256;
+  c.Hq = 8;
+  c.Hkv = 4;
+  c.capacity = 96;
+  c.softcap = 50.f;
+  c.scale_mult = 16.f;
+  Runner r(c);
+  EXPECT_LT(r.step(40, 1), kTol);
+  for (int i = 0; i < 10; ++i) ASSERT_LT(r.step(1, 2 + i), kTol);
+}
+
+TEST(CudaAttention, StridedViewsOfAFusedQkvBuffer) {
+  SKIP_WITHOUT_GPU();
+  for (int window : {0, 8}) {
+    Case c;
+    c.D = 64;
+    c.Hq = 14;
+    c.Hkv = 2;
+    c.fused_qkv = true;
+    c.window = window;
+    c.max_write = 6;
+    c.capacity = 64;
+    Runner r(c);
+    EXPECT_LT(r.step(6, 1), kTol) << describe(c);
+    for (int i = 0; i < 12; ++i) ASSERT_LT(r.step(1 + i % 2 * 5, 2 + i), kTol) << describe(c);
+  }
+}
+
+TEST(CudaAttention, LongFlatContextWithManySplits) {
+  SKIP_WITHOUT_GPU();
+  Case c;
+  c.D = 128;
+  c.Hq = 8;
+  c.Hkv = 2;
+  c.capacity = 8192;
+  c.max_splits = 64;
+  c.min_chunk = 64;
+  Runner r(c);
+  uint32_t seed = 1;
+  for (int chunk = 0; chunk < 7; ++chunk)
+    ASSERT_LT(r.step(1024, seed++, {0, 1, 511, 1000, 1022, 1023}), kTol) << "prefill chunk " << chunk;
+  for (int i = 0; i < 48; ++i) ASSERT_LT(r.step(1, seed++), kTol) << "decode at " << r.length();
+  EXPECT_EQ(r.device_position(), 7 * 1024 + 48);
+}
+
+TEST(CudaAttention, LongRingContextWrapsWithManySplits) {
+  SKIP_WITHOUT_GPU();
+  Case c = ring(128, 8, 2, DType::BF16, 4096, 1024);
+  c.max_splits = 64;
+  c.min_chunk = 64;
+  Runner r(c);
+  uint32_t seed = 1;
+  for (int chunk = 0; chunk < 10; ++chunk)
+    ASSERT_LT(r.step(1024, seed++, {0, 700, 1023}), kTol) << "prefill chunk " << chunk;
+  for (int i = 0; i < 32; ++i) ASSERT_LT(r.step(1, seed++), kTol) << "decode at " << r.length();
+}
+
+TEST(CudaAttention, ResultsAreBitwiseReproducibleWithAndWithoutPdl) {
+  SKIP_WITHOUT_GPU();
+  auto run = [](bool pdl) {
+    set_programmatic_launch(pdl);
+    Case c;
+    c.D = 128;
+    c.Hq = 14;
+    c.Hkv = 2;
+    c.capacity = 256;
+    Runner r(c);
+    std::vector<float> all;
+    r.step(100, 1);
+    all = r.last_output();
+    for (int i = 0; i < 20; ++i) {
+      r.step(1, 2 + i);
+      all.insert(all.end(), r.last_output().begin(), r.last_output().end());
+    }
+    return all;
+  };
+  const auto a = run(true), b = run(false), c = run(true);
+  set_programmatic_launch(true);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
+  EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * 4));
+}
+
+TEST(CudaAttention, RejectsBadShapes) {
+  SKIP_WITHOUT_GPU();
+  DeviceBuffer buf(1 << 16), pos(4);
+  AttentionWorkspace ws(8, 128, 4);
+  AttentionParams p;
+  p.q = p.k = p.v = buf.as<float>();
+  p.out = buf.as<float>();
+  p.k_pool = p.v_pool = buf.data();
+  p.pos = pos.as<int32_t>();
+  p.rule = SlotRule{16, 0};
+  p.n_q_heads = 8;
+  p.n_kv_heads = 2;
+  p.head_dim = 96;  // not a power of two
+  EXPECT_THROW(update_and_attend(p, ws, nullptr), kvgraph::Error);
+  p.head_dim = 64;
+  p.n_kv_heads = 3;  // does not divide 8
+  EXPECT_THROW(update_and_attend(p, ws, nullptr), kvgraph::Error);
+  p.n_kv_heads = 2;
+  p.rule = SlotRule{11, 8};  // ring: max_write = 4
+  p.T = 5;
+  EXPECT_THROW(update_and_attend(p, ws, nullptr), kvgraph::Error);
+  p.T = 1;
+  p.rule = SlotRule{16, 0};
+  p.n_q_heads = 16;  // more heads than the workspace holds
+  p.n_kv_heads = 2;
+  EXPECT_THROW(update_and_attend(p, ws, nullptr), kvgraph::Error);
+}
+
+// Decode attention at long contexts: achieved KV-read bandwidth with the
+// workspace's default split choice. Prints the numbers; asserts nothing but
+// that it runs (the target is near the streaming-read bandwidth).
+TEST(CudaAttention, DecodeBandwidthReport) {
+  SKIP_WITHOUT_GPU();
+  struct Shape {
+    const char* name;
+    int Hq, Hkv, D, L;
+  };
+  const Shape shapes[] = {{"llama8b layer, 8K ctx", 32, 8, 128, 8192},
+                          {"llama8b layer, 32K ctx", 32, 8, 128, 32768},
+                          {"llama1b layer, 4K ctx", 32, 8, 64, 4096},
+                          {"gemma3-1b global layer, 8K ctx", 4, 1, 256, 8192},
+                          {"qwen0.5b layer, 8K ctx", 14, 2, 64, 8192}};
+  CudaStream s;
+  CudaEvent e0, e1;
+  for (const Shape& sh : shapes) {
+    const size_t pool_bytes = size_t(sh.Hkv) * sh.L * sh.D * 2;
+    DeviceBuffer kp(pool_bytes), vp(pool_bytes), q(size_t(sh.Hq) * sh.D * 4), kv(size_t(sh.Hkv) * sh.D * 4),
+        out(size_t(sh.Hq) * sh.D * 4);
+    KVGRAPH_CUDA_CHECK(cudaMemset(kp.data(), 0x3c, pool_bytes));
+    KVGRAPH_CUDA_CHECK(cudaMemset(vp.data(), 0x3c, pool_bytes));
+    KVGRAPH_CUDA_CHECK(cudaMemset(q.data(), 0, q.bytes()));
+    KVGRAPH_CUDA_CHECK(cudaMemset(kv.data(), 0, kv.bytes()));
+    auto pos = to_device(std::vector<int32_t>{sh.L - 1});
+    AttentionWorkspace ws(sh.Hq, sh.D, AttentionWorkspace::choose_splits(sh.Hkv, sh.L));
+    AttentionParams p;
+    p.q = q.as<float>();
+    p.k = p.v = kv.as<float>();
+    p.k_pool = kp.data();
+    p.v_pool = vp.data();
+    p.storage = DType::BF16;
+    p.out = out.as<float>();
+    p.pos = pos.as<int32_t>();
+    p.rule = SlotRule{sh.L, 0};
+    p.n_q_heads = sh.Hq;
+    p.n_kv_heads = sh.Hkv;
+    p.head_dim = sh.D;
+    p.scale = 0.1f;
+    for (int i = 0; i < 3; ++i) update_and_attend(p, ws, s.get());
+    const int iters = 50;
+    e0.record(s.get());
+    for (int i = 0; i < iters; ++i) update_and_attend(p, ws, s.get());
+    e1.record(s.get());
+    e1.synchronize();
+    const double us = 1e3 * CudaEvent::elapsed_ms(e0, e1) / iters;
+    std::printf("[attention decode bf16] %-32s splits %2d  %7.1f us  %6.0f GB/s of K+V\n", sh.name, ws.max_splits(), us,
+                2.0 * pool_bytes / (us * 1e-6) / 1e9);
+    auto o = to_host<float>(out, size_t(sh.Hq) * sh.D);
+    EXPECT_TRUE(std::isfinite(o[0]));
+  }
+}
+
+// ---------------------------------------------------------------- graph capture
+
+std::vector<float> inv_freq_of(int hd, float theta) {
+  std::vector<float> f(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) f[i] = float(1.0 / std::pow(double(theta), 2.0 * i / hd));
+  return f;
+}
+
+// One decode step (RoPE on q and k of a fused qkv row, update_and_attend,
+// advance_position) is captured once and replayed for every token. Each
+// replay must match the CPU reference at the position then in device memory,
+// and be bitwise identical to the same ops run eagerly on a twin pool.
+class CudaAttentionGraph : public ::testing::TestWithParam<int /*window*/> {};
+
+TEST_P(CudaAttentionGraph, OneCapturedDecodeStepReplaysAtEveryPosition) {
+  SKIP_WITHOUT_GPU();
+  const int window = GetParam();
+  const int Hq = 8, Hkv = 2, D = 64, row = (Hq + 2 * Hkv) * D, prefill = 20, replays = 40;
+  const DType st = DType::BF16;
+  const int pool = window > 0 ? window + 4 - 1 : 96;
+  const SlotRule rule{pool, window};
+  const size_t pool_bytes = size_t(Hkv) * pool * D * 2;
+  const float scale = 1.f / std::sqrt(float(D));
+  auto inv = inv_freq_of(D, 10000.f);
+  DeviceBuffer dinv = to_device(inv);
+
+  struct Twin {  // one pool and its step state
+    DeviceBuffer k_pool, v_pool, pos, qkv, out;
+    AttentionWorkspace ws;
+    Twin(size_t pb, int row, int Hq, int D)
+        : k_pool(pb), v_pool(pb), pos(4), qkv(size_t(row) * 4 * 20), out(size_t(Hq) * D * 4), ws(Hq, D, 8, 4) {
+      KVGRAPH_CUDA_CHECK(cudaMemset(k_pool.data(), 0xff, pb));
+      KVGRAPH_CUDA_CHECK(cudaMemset(v_pool.data(), 0xff, pb));
+      KVGRAPH_CUDA_CHECK(cudaMemset(pos.data(), 0, 4));
+    }
+  };
+  Twin eager(pool_bytes, row, Hq, D), graph(pool_bytes, row, Hq, D);
+  auto params = [&](Twin& tw, int T) {
+    AttentionParams p;
+    p.q = tw.qkv.as<float>();
+    p.k = p.q + Hq * D;
+    p.v = p.k + Hkv * D;
+    p.q_stride = p.k_stride = p.v_stride = row;
+    p.k_pool = tw.k_pool.data();
+    p.v_pool = tw.v_pool.data();
+    p.storage = st;
+    p.out = tw.out.as<float>();
+    p.pos = tw.pos.as<int32_t>();
+    p.rule = rule;
+    p.T = T;
+    p.n_q_heads = Hq;
+    p.n_kv_heads = Hkv;
+    p.head_dim = D;
+    p.scale = scale;
+    return p;
+  };
+  auto rope_params = [&](Twin& tw, int T) {
+    RopeParams r;
+    r.x = tw.qkv.as<float>();
+    r.pos = tw.pos.as<int32_t>();
+    r.inv_freq = dinv.as<float>();
+    r.T = T;
+    r.n_heads = Hq + Hkv;  // q and k heads are adjacent in the row
+    r.head_dim = D;
+    r.row_stride = row;
+    return r;
+  };
+  CudaStream s;
+  auto step = [&](Twin& tw, int T) {
+    rope(rope_params(tw, T), s.get());
+    update_and_attend(params(tw, T), tw.ws, s.get());
+    advance_position(tw.pos.as<int32_t>(), T, s.get());
+  };
+
+  History hist{Hkv, D, st, {}, {}};
+  // Eager prefill of both twins with the same rows (window > 0: in chunks of max_write).
+  {
+    auto x = randn(size_t(prefill) * row, 1);
+    const int chunk = window > 0 ? 4 : prefill;
+    for (int t0 = 0; t0 < prefill; t0 += chunk) {
+      const int T = std::min(chunk, prefill - t0);
+      for (Twin* tw : {&eager, &graph}) tw->qkv.upload(x.data() + size_t(t0) * row, size_t(T) * row * 4);
+      step(eager, T);
+      step(graph, T);
+      s.synchronize();
+      auto roped = to_host<float>(graph.qkv, size_t(T) * row);
+      hist.append(std::vector<float>(roped.begin() + Hq * D, roped.end()),
+                  std::vector<float>(roped.begin() + (Hq + Hkv) * D, roped.end()), T, row, row);
+    }
+  }
+
+  CudaGraph g;
+  g.begin_capture(s.get());
+  step(graph, 1);
+  g.end_capture();
+
+  for (int i = 0; i < replays; ++i) {
+    const int p = prefill + i;
+    auto x = randn(row, 100 + i);
+    eager.qkv.upload(x.data(), size_t(row) * 4);
+    graph.qkv.upload(x.data(), size_t(row) * 4);
+    step(eager, 1);
+    g.launch(s.get());
+    s.synchronize();
+
+    auto out_e = to_host<float>(eager.out, size_t(Hq) * D), out_g = to_host<float>(graph.out, size_t(Hq) * D);
+    ASSERT_EQ(0, std::memcmp(out_e.data(), out_g.data(), out_g.size() * 4)) << "replay " << i << " differs from eager";
+
+    // RoPE used the device position.
+    auto roped = to_host<float>(graph.qkv, row);
+    for (int h = 0; h < Hq + Hkv; ++h)
+      for (int j = 0; j < D / 2; ++j) {
+        const float ang = float(p) * inv[j];
+        const double c = std::cos(double(ang)), sn = std::sin(double(ang));
+        const double a = x[h * D + j], b = x[h * D + j + D / 2];
+        ASSERT_NEAR(roped[h * D + j], a * c - b * sn, 2e-5) << "replay " << i;
+        ASSERT_NEAR(roped[h * D + j + D / 2], b * c + a * sn, 2e-5) << "replay " << i;
+      }
+    hist.append(std::vector<float>(roped.begin() + Hq * D, roped.end()),
+                std::vector<float>(roped.begin() + (Hq + Hkv) * D, roped.end()), 1, row, row);
+    auto want = ref_attend(hist, roped.data(), Hq, p, window, scale, 0.f);
+    ASSERT_LT(norm_err(out_g, want), kTol) << "replay " << i << " at position " << p;
+  }
+  EXPECT_EQ(to_host<int32_t>(graph.pos, 1)[0], prefill + replays);
+  EXPECT_EQ(to_host<uint8_t>(eager.k_pool, pool_bytes), to_host<uint8_t>(graph.k_pool, pool_bytes));
+  EXPECT_EQ(to_host<uint8_t>(eager.v_pool, pool_bytes), to_host<uint8_t>(graph.v_pool, pool_bytes));
+}
+
+INSTANTIATE_TEST_SUITE_P(FlatAndRing, CudaAttentionGraph, ::testing::Values(0, 12));
+
+}  // namespace
+}  // namespace kvgraph::cuda
