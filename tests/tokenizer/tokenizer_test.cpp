@@ -158,6 +158,21 @@ TEST(TokenizerByteLevel, LstripTokenTakesTheSpacesBeforeIt) {
   EXPECT_THAT(t.encode("x <|end|>"), ElementsAre('x', ' ', 262));
 }
 
+TEST(TokenizerByteLevel, SingleWordAndRstripTokens) {
+  json j = byte_level_json();
+  j["added_tokens"].push_back({{"id", 264}, {"content", "ab"}, {"single_word", true}, {"lstrip", false},
+                               {"rstrip", false}, {"normalized", false}, {"special", false}});
+  j["added_tokens"].push_back({{"id", 265}, {"content", "<sep>"}, {"single_word", false}, {"lstrip", false},
+                               {"rstrip", true}, {"normalized", false}, {"special", true}});
+  const Tokenizer t = load(j);
+  // "ab" only where no word character touches it: not in abc, xab, ab_.
+  EXPECT_THAT(t.encode("ab abc xab ab_ ab,"),
+              ElementsAre(264, ' ', 'a', 'b', 'c', ' ', 'x', 'a', 'b', ' ', 'a', 'b', '_', ' ', 264, ','));
+  EXPECT_THAT(t.encode("x<sep> \t y"), ElementsAre('x', 265, 'y'));
+  EXPECT_FALSE(t.is_special(264));
+  EXPECT_EQ(t.decode(Ids{264, 265}, /*skip_special_tokens=*/true), "ab");
+}
+
 TEST(TokenizerByteLevel, InvalidUtf8InputBecomesReplacementCharacter) {
   const Tokenizer t = load(byte_level_json());
   EXPECT_EQ(t.encode("a\xFF"), t.encode("a\xEF\xBF\xBD"));

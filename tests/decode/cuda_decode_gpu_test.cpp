@@ -1,0 +1,159 @@
+// The model on the GPU: logits against the CPU reference and transformers on
+// every family fixture, and compiled (CUDA graph) against eager, bitwise.
+// Labelled `gpu`; skips cleanly where no device is visible.
+#include <cmath>
+#include <cstring>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kvgraph/error.h"
+#include "kvgraph/model.h"
+#include "kvgraph/session.h"
+#include "support/fixtures.h"
+
+using namespace kvgraph;
+using namespace kvgraph::testing;
+using ::testing::HasSubstr;
+
+namespace {
+
+std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids, int chunk,
+                              DType kv) {
+  SessionOptions so;
+  so.capacity = static_cast<int32_t>(ids.size());
+  so.max_write = chunk;
+  so.all_logits = true;
+  so.kv_storage = kv;
+  Session s(std::move(m), so);
+  std::vector<float> out;
+  s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
+  return out;
+}
+
+double normalized_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(double(a[i]) - b[i]));
+    den = std::max(den, std::abs(double(b[i])));
+  }
+  return num / den;
+}
+
+}  // namespace
+
+class CudaModel : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(CudaModel, LogitsMatchCpuAndTransformersForChunks1And3AndWhole) {
+  const Reference ref = load_reference(GetParam());
+  auto gpu = Model::load(fixtures_dir() / GetParam(), Device::CUDA);
+  auto cpu = Model::load(fixtures_dir() / GetParam(), Device::CPU);
+  const std::vector<float> cpu_logits = all_logits(cpu, ref.ids, 128, DType::F32);
+  for (int chunk : {1, 3, 128}) {
+    std::vector<float> g = all_logits(gpu, ref.ids, chunk, DType::F32);
+    ASSERT_EQ(g.size(), ref.logits.size());
+    EXPECT_LT(normalized_error(g, cpu_logits), 1e-4) << GetParam() << " chunk " << chunk << " vs CPU";
+    double worst = 0;
+    for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(double(g[i]) - ref.logits[i]));
+    EXPECT_LT(worst, 1e-3) << GetParam() << " chunk " << chunk << " vs transformers";
+  }
+  // bf16 KV storage stays close (normalised error under 1e-2).
+  std::vector<float> b = all_logits(gpu, ref.ids, 16, DType::BF16);
+  EXPECT_LT(normalized_error(b, cpu_logits), 1e-2) << GetParam() << " bf16 KV";
+}
+
+TEST_P(CudaModel, GraphReplayIsBitwiseEqualToEagerAndCapturedOnce) {
+  const Reference ref = load_reference(GetParam());
+  auto gpu = Model::load(fixtures_dir() / GetParam(), Device::CUDA);
+  for (ops::SamplingParams sp : {ops::SamplingParams{}, ops::SamplingParams{0.9f, 20, 0.9f, 1.1f, 7}}) {
+    std::vector<std::vector<int32_t>> tokens(2);
+    std::vector<std::vector<std::vector<float>>> logits(2);
+    int captures = -1;
+    for (int eager = 0; eager < 2; ++eager) {
+      SessionOptions so;
+      so.capacity = 240;
+      so.max_write = 4;
+      so.eager = eager;
+      Session s(gpu, so);
+      s.sampling() = sp;
+      s.prefill(ref.greedy_prompt);
+      tokens[eager].push_back(s.sample());
+      logits[eager].push_back(s.last_logits());
+      for (int i = 0; i < 216; ++i) {
+        tokens[eager].push_back(s.decode());
+        logits[eager].push_back(s.last_logits());
+      }
+      if (!eager) captures = s.captures();
+    }
+    ASSERT_EQ(tokens[0], tokens[1]) << GetParam();
+    for (size_t i = 0; i < logits[0].size(); ++i)
+      ASSERT_EQ(0, std::memcmp(logits[0][i].data(), logits[1][i].data(), logits[0][i].size() * 4))
+          << GetParam() << ": logits differ at step " << i;
+    EXPECT_EQ(captures, 1);
+  }
+}
+
+TEST_P(CudaModel, GreedyContinuationMatchesTransformers) {
+  const Reference ref = load_reference(GetParam());
+  auto gpu = Model::load(fixtures_dir() / GetParam(), Device::CUDA);
+  SessionOptions so;
+  so.capacity = 64;
+  so.max_write = 5;
+  Session s(gpu, so);
+  s.set_banned_tokens(ref.eos);
+  s.prefill(ref.greedy_prompt);
+  std::vector<int32_t> out{s.sample()};
+  while (out.size() < ref.greedy.size()) out.push_back(s.decode());
+  EXPECT_EQ(out, ref.greedy) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaModel, ::testing::ValuesIn(fixture_families()),
+                         [](const auto& info) { return info.param; });
+
+TEST(CudaSession, FullCacheRaisesBeforeReplayAndLeavesCacheUnchanged) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Reference ref = load_reference("mistral");
+  auto gpu = Model::load(fixtures_dir() / "mistral", Device::CUDA);
+  SessionOptions so;
+  so.capacity = 20;
+  so.max_write = 4;
+  Session s(gpu, so);
+  s.prefill(ref.greedy_prompt);
+  s.sample();
+  while (s.position() < 20) s.decode();
+  std::vector<float> k0 = s.cache().k_pool(0).to_f32_vector();
+  try {
+    s.decode();
+    FAIL() << "expected a full-cache error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cache is full"));
+  }
+  EXPECT_EQ(k0, s.cache().k_pool(0).to_f32_vector());
+  EXPECT_EQ(s.captures(), 1);
+}
+
+TEST(CudaSession, SyntheticBf16ModelDecodesWithOneCapture) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  auto m = Model::synthetic("qwen2.5-0.5b", Device::CUDA);
+  SessionOptions so;
+  so.capacity = 600;
+  so.max_write = 64;
+  so.kv_storage = DType::BF16;
+  for (int eager = 0; eager < 2; ++eager) {
+    so.eager = eager;
+    Session s(m, so);
+    std::vector<int32_t> prompt(100);
+    for (int i = 0; i < 100; ++i) prompt[i] = (i * 7919) % 32000;
+    s.prefill(prompt);
+    s.sample();
+    for (int i = 0; i < 50; ++i) s.decode();
+    auto l = s.last_logits();
+    for (float x : l) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_EQ(s.captures(), eager ? 0 : 1);
+  }
+}
