@@ -493,6 +493,23 @@ def random_decode_cases(tok, seed):
     return out
 
 
+def dump_cases(obj):
+    """JSON with one line per case: small, and diffs stay readable."""
+    lines = ["{"]
+    items = list(obj.items())
+    for k, (key, value) in enumerate(items):
+        comma = "," if k + 1 < len(items) else ""
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            lines.append(f" {json.dumps(key)}: [")
+            for i, v in enumerate(value):
+                lines.append("  " + json.dumps(v, ensure_ascii=False) + ("," if i + 1 < len(value) else ""))
+            lines.append(" ]" + comma)
+        else:
+            lines.append(f" {json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}{comma}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def rewrite_merges_as_strings(path):
     data = json.loads(path.read_text(encoding="utf-8"))
     merges = data["model"]["merges"]
@@ -538,7 +555,7 @@ def make_fixture(name, out_dir, seed):
         "cases": reference_cases(tok),
         "decode_cases": random_decode_cases(tok, seed),
     }
-    (folder / "cases.json").write_text(json.dumps(cases, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
+    (folder / "cases.json").write_text(dump_cases(cases), encoding="utf-8")
     print(f"{name}: vocab {cases['vocab_size']}, {len(cases['cases'])} cases -> {folder}")
 
 

@@ -14,7 +14,8 @@ namespace kvgraph::tok {
 namespace {
 
 // Unicode White_Space and Rust's `\w`, as PCRE2 class contents.
-constexpr std::string_view kSpaceClass = R"(\t-\r\x20\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+constexpr std::string_view kSpaceClass =
+    R"(\t-\r\x20\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
 constexpr std::string_view kWordClass = R"(\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D})";
 
 // Oniguruma's `\s` is Unicode White_Space (it includes U+0085, PCRE2's does

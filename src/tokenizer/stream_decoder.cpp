@@ -30,7 +30,8 @@ StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special_token
 std::string StreamDecoder::step(int32_t id) {
   ids_.push_back(id);
   bool held = false;
-  const std::string text = tokenizer_.impl_->decode(ids_, skip_special_, Tokenizer::Impl::DecodeMode::StreamStep, &held);
+  using Mode = Tokenizer::Impl::DecodeMode;
+  const std::string text = tokenizer_.impl_->decode(ids_, skip_special_, Mode::StreamStep, &held);
   if (text.size() <= prefix_.size()) return {};
   // The text only grows at the end; if a decoder rewrote the context anyway,
   // emit from where the two agree.
@@ -42,7 +43,7 @@ std::string StreamDecoder::step(int32_t id) {
   } else {
     // Every id is rendered: the ids after the old context become the new context.
     ids_.erase(ids_.begin(), ids_.begin() + static_cast<ptrdiff_t>(prefix_ids_));
-    prefix_ = tokenizer_.impl_->decode(ids_, skip_special_, Tokenizer::Impl::DecodeMode::StreamStep);
+    prefix_ = tokenizer_.impl_->decode(ids_, skip_special_, Mode::StreamStep);
     prefix_ids_ = ids_.size();
   }
   return out;

@@ -166,6 +166,11 @@ std::shared_ptr<Tokenizer::Impl> load(std::string_view tokenizer_json, std::stri
       // Normalized tokens are looked for in the normalized text, in their normalized form.
       std::string pattern = t.content;
       if (impl->normalizer) impl->normalizer->apply(pattern);
+      if (pattern != t.content) {
+        impl->normalized_forms.resize(impl->tokens.size());
+        impl->normalized_forms[t.id] = pattern;
+        impl->flags[t.id] |= Tokenizer::Impl::kNormalizedForm;
+      }
       impl->normalized_matcher.add(t, std::move(pattern));
     } else {
       impl->raw_matcher.add(t, t.content);
@@ -265,7 +270,7 @@ std::string Tokenizer::Impl::decode(std::span<const int32_t> ids, bool skip_spec
   for (int32_t id : ids) {
     if (id < 0 || static_cast<size_t>(id) >= tokens.size() || !(flags[id] & kExists)) continue;
     if (skip_special_tokens && (flags[id] & kSpecial)) continue;
-    parts.push_back(tokens[id]);
+    parts.push_back((flags[id] & kNormalizedForm) ? normalized_forms[id] : tokens[id]);
   }
   std::string joined;
   tok::DecodeState state;

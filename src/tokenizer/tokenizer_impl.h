@@ -32,7 +32,12 @@ struct Tokenizer::Impl {
   // the model's), whether the id exists, whether it is special.
   std::vector<std::string> tokens;
   std::vector<uint8_t> flags;
-  static constexpr uint8_t kExists = 1, kSpecial = 2;
+  static constexpr uint8_t kExists = 1, kSpecial = 2, kNormalizedForm = 4;
+  // What decode feeds the decoder for added tokens with "normalized": true:
+  // their normalized form (tokenizers 0.23 does, per its fixtures: so that a
+  // Prepend "▁" comes back out as a space). Indexed like `tokens`; only
+  // entries with kNormalizedForm are set.
+  std::vector<std::string> normalized_forms;
 
   std::vector<int32_t> prefix_ids, suffix_ids;  // added by encode(..., add_special_tokens=true)
   std::optional<int32_t> bos, eos;

@@ -52,7 +52,11 @@ bool valid_utf8(const std::string& s) {
   size_t i = 0;
   while (i < s.size()) {
     const auto b = static_cast<unsigned char>(s[i]);
-    size_t n = b < 0x80 ? 1 : (b >= 0xC2 && b <= 0xDF) ? 2 : (b >= 0xE0 && b <= 0xEF) ? 3 : (b >= 0xF0 && b <= 0xF4) ? 4 : 0;
+    const size_t n = b < 0x80                 ? 1
+                     : (b >= 0xC2 && b <= 0xDF) ? 2
+                     : (b >= 0xE0 && b <= 0xEF) ? 3
+                     : (b >= 0xF0 && b <= 0xF4) ? 4
+                                                : 0;
     if (n == 0 || i + n > s.size()) return false;
     uint32_t cp = n == 1 ? b : n == 2 ? (b & 0x1F) : n == 3 ? (b & 0x0F) : (b & 0x07);
     for (size_t k = 1; k < n; ++k) {
@@ -176,7 +180,9 @@ TEST(TokenizerParity, VocabularyAndSpecialTokens) {
     SCOPED_TRACE(f.name);
     const json& c = f.cases;
     EXPECT_EQ(f.tokenizer.vocab_size(), c["vocab_size"].get<int32_t>());
-    auto optional_id = [](const json& v) { return v.is_null() ? std::nullopt : std::optional<int32_t>(v.get<int32_t>()); };
+    auto optional_id = [](const json& v) {
+      return v.is_null() ? std::nullopt : std::optional<int32_t>(v.get<int32_t>());
+    };
     EXPECT_EQ(f.tokenizer.bos_id(), optional_id(c["bos_id"]));
     EXPECT_EQ(f.tokenizer.eos_id(), optional_id(c["eos_id"]));
     for (const json& t : c["special_tokens"]) {

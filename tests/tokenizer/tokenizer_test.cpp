@@ -51,7 +51,8 @@ json byte_level_json() {
        {"normalized", false}, {"special", true}},
   });
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
+  j["pre_tokenizer"] = {
+      {"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", true}};
   j["post_processor"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
   j["decoder"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
   j["model"] = {{"type", "BPE"},          {"dropout", nullptr},       {"unk_token", nullptr},
@@ -216,6 +217,10 @@ TEST(TokenizerByteLevel, LegacyStringMergesMatchPairMerges) {
   EXPECT_THAT(load(j).encode("hello world"), ElementsAre(259, 261, 'r', 'l', 'd'));
 }
 
+constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*)"
+    R"(|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 TEST(TokenizerByteLevel, Llama3SplitRegexKeepsDigitsInThrees) {
   json j = byte_level_json();
   j["pre_tokenizer"] = {
@@ -223,7 +228,7 @@ TEST(TokenizerByteLevel, Llama3SplitRegexKeepsDigitsInThrees) {
       {"pretokenizers",
        json::array({{{"type", "Split"},
                      {"pattern",
-                      {{"Regex", R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"}}},
+                      {{"Regex", kLlama3Pattern}}},
                      {"behavior", "Isolated"},
                      {"invert", false}},
                     {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}};
@@ -263,9 +268,9 @@ TEST(TokenizerSentencePiece, InvalidByteRunDecodesToOneReplacementPerByte) {
 TEST(TokenizerSentencePiece, LegacyNormalizerFormMatchesMetaspace) {
   json j = sentencepiece_json();
   j["pre_tokenizer"] = nullptr;
-  j["normalizer"] = {{"type", "Sequence"},
-                     {"normalizers", json::array({{{"type", "Prepend"}, {"prepend", kMeta}},
-                                                  {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kMeta}}})}};
+  const json prepend = {{"type", "Prepend"}, {"prepend", kMeta}};
+  const json replace = {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kMeta}};
+  j["normalizer"] = {{"type", "Sequence"}, {"normalizers", json::array({prepend, replace})}};
   const Tokenizer t = load(j);
   EXPECT_THAT(t.encode("hi hi!"), ElementsAre(1, 263, 263, 264));
   EXPECT_EQ(t.decode(t.encode("hi hi!"), true), "hi hi!");
