@@ -92,6 +92,7 @@ Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype, Device device) {
   } else {
 #ifdef KVGRAPH_HAVE_CUDA
     cudaMemset(t.raw(), 0, t.nbytes());
+    cudaDeviceSynchronize();  // see copy_from_host
 #endif
   }
   return t;
@@ -137,6 +138,10 @@ void Tensor::copy_from_host(const void* src) {
   }
 #ifdef KVGRAPH_HAVE_CUDA
   cudaError_t e = cudaMemcpy(raw(), src, nbytes(), cudaMemcpyHostToDevice);
+  // A pageable upload may still be in flight when cudaMemcpy returns, and
+  // kernels launched with programmatic dependent launch do not wait for the
+  // legacy stream: finish the copy before any kernel can read it.
+  if (e == cudaSuccess) e = cudaDeviceSynchronize();
   if (e != cudaSuccess) fail("tensor", "cudaMemcpy from host failed: {}", cudaGetErrorString(e));
 #endif
 }

@@ -73,6 +73,10 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
   if (offset + bytes > bytes_) fail_op("DeviceBuffer", "upload past the end of the buffer");
   if (bytes) KVGRAPH_CUDA_CHECK(cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice));
+  // A pageable upload may still be in flight when cudaMemcpy returns, and a
+  // kernel launched with programmatic serialization does not wait for it:
+  // finish it here.
+  if (bytes) KVGRAPH_CUDA_CHECK(cudaDeviceSynchronize());
 }
 void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
   if (offset + bytes > bytes_) fail_op("DeviceBuffer", "download past the end of the buffer");
@@ -81,6 +85,7 @@ void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
 }
 void DeviceBuffer::zero() {
   if (bytes_) KVGRAPH_CUDA_CHECK(cudaMemset(data_, 0, bytes_));
+  if (bytes_) KVGRAPH_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // ---------------------------------------------------------------- streams, events
