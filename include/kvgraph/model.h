@@ -54,6 +54,9 @@ class Model {
   Device device() const { return device_; }
   DType matrix_dtype() const { return matrix_dtype_; }
   size_t weight_bytes() const { return weight_bytes_; }
+  // Weight bytes one decode token reads: all of them, except that an untied
+  // embedding table contributes a single row.
+  size_t weight_bytes_read_per_token() const;
   const std::filesystem::path& dir() const { return dir_; }
 
   // Ring{window, max_write} for sliding layers, Flat{capacity} for the rest;

@@ -25,6 +25,11 @@ CacheConfig Model::cache_config(int32_t capacity, int32_t max_write, DType stora
   return c;
 }
 
+size_t Model::weight_bytes_read_per_token() const {
+  if (lm_head_.raw() == embed_.raw()) return weight_bytes_;  // tied: the lm_head reads the table
+  return weight_bytes_ - embed_.nbytes() + static_cast<size_t>(embed_.dim(1)) * dtype_size(embed_.dtype());
+}
+
 Workspace Model::make_workspace(int max_T, bool all_logits) const {
   const int64_t D = cfg_.hidden_size, F = cfg_.intermediate_size;
   const int64_t QD = int64_t(cfg_.num_heads) * cfg_.head_dim, KD = int64_t(cfg_.num_kv_heads) * cfg_.head_dim;

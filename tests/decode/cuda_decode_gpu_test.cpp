@@ -62,9 +62,12 @@ TEST_P(CudaModel, LogitsMatchCpuAndTransformersForChunks1And3AndWhole) {
     for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(double(g[i]) - ref.logits[i]));
     EXPECT_LT(worst, 1e-3) << GetParam() << " chunk " << chunk << " vs transformers";
   }
-  // bf16 KV storage stays close (normalised error under 1e-2).
+  // bf16 KV storage: the same rounding on both backends, so the GPU matches
+  // the CPU's bf16-KV logits closely; both stay near the f32-KV logits.
   std::vector<float> b = all_logits(gpu, ref.ids, 16, DType::BF16);
-  EXPECT_LT(normalized_error(b, cpu_logits), 1e-2) << GetParam() << " bf16 KV";
+  std::vector<float> cb = all_logits(cpu, ref.ids, 16, DType::BF16);
+  EXPECT_LT(normalized_error(b, cb), 1e-3) << GetParam() << " bf16 KV vs CPU bf16 KV";
+  EXPECT_LT(normalized_error(cb, cpu_logits), 5e-2) << GetParam() << " bf16 KV vs f32 KV";
 }
 
 TEST_P(CudaModel, GraphReplayIsBitwiseEqualToEagerAndCapturedOnce) {
@@ -117,8 +120,9 @@ INSTANTIATE_TEST_SUITE_P(Families, CudaModel, ::testing::ValuesIn(fixture_famili
 
 TEST(CudaSession, FullCacheRaisesBeforeReplayAndLeavesCacheUnchanged) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
-  const Reference ref = load_reference("mistral");
-  auto gpu = Model::load(fixtures_dir() / "mistral", Device::CUDA);
+  // llama: flat layers (an all-ring model such as mistral never fills).
+  const Reference ref = load_reference("llama");
+  auto gpu = Model::load(fixtures_dir() / "llama", Device::CUDA);
   SessionOptions so;
   so.capacity = 20;
   so.max_write = 4;

@@ -517,7 +517,7 @@ TEST_P(CudaAttentionGraph, OneCapturedDecodeStepReplaysAtEveryPosition) {
     DeviceBuffer k_pool, v_pool, pos, qkv, out;
     AttentionWorkspace ws;
     Twin(size_t pb, int row, int Hq, int D)
-        : k_pool(pb), v_pool(pb), pos(4), qkv(size_t(row) * 4 * 20), out(size_t(Hq) * D * 4), ws(Hq, D, 8, 4) {
+        : k_pool(pb), v_pool(pb), pos(4), qkv(size_t(row) * 4 * 20), out(size_t(Hq) * D * 4 * 20), ws(Hq, D, 8, 4) {
       KVGRAPH_CUDA_CHECK(cudaMemset(k_pool.data(), 0xff, pb));
       KVGRAPH_CUDA_CHECK(cudaMemset(v_pool.data(), 0xff, pb));
       KVGRAPH_CUDA_CHECK(cudaMemset(pos.data(), 0, 4));

@@ -75,7 +75,7 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   double mean = 0;
   for (double x : ms) mean += x;
   mean /= ms.size();
-  const double bytes = double(model->weight_bytes()) + kv_read / f.new_tokens;
+  const double bytes = double(model->weight_bytes_read_per_token()) + kv_read / f.new_tokens;
   const double floor_ms = bytes / (bw_gbs * 1e9) * 1e3;
   nlohmann::json j;
   j["model"] = name;
@@ -84,6 +84,7 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   j["prompt"] = f.prompt;
   j["new_tokens"] = f.new_tokens;
   j["weight_bytes"] = model->weight_bytes();
+  j["weight_bytes_read_per_token"] = model->weight_bytes_read_per_token();
   j["kv_bytes_per_token_avg"] = kv_read / f.new_tokens;
   j["copy_bandwidth_gbs"] = bw_gbs;
   j["prefill_tok_s"] = f.prompt / prefill_s;

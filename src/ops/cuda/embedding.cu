@@ -5,7 +5,7 @@ namespace kvgraph::cuda {
 namespace {
 
 template <typename W>
-__global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, const int32_t* __restrict__ ids, int D,
+__global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, const int32_t* ids  /* step state: no __restrict__, read after the PDL wait */, int D,
                                  float scale, float* __restrict__ out) {
   detail::griddep_launch_dependents();
   detail::griddep_wait();

@@ -72,9 +72,11 @@ __device__ __forceinline__ uint4 ld_weights(const uint4* p, uint64_t pol) {
 }
 
 // acc += dot(16 bytes of weights, the matching x values).
-__device__ __forceinline__ float dot16(uint4 w, const float* __restrict__ x, float acc, detail::bf16) {
-  const float4 xa = __ldg(reinterpret_cast<const float4*>(x));
-  const float4 xb = __ldg(reinterpret_cast<const float4*>(x) + 1);
+// x is the previous kernel's output: plain loads, never __ldg / __restrict__,
+// which would let the compiler hoist them above griddepcontrol.wait (PDL).
+__device__ __forceinline__ float dot16(uint4 w, const float* x, float acc, detail::bf16) {
+  const float4 xa = *reinterpret_cast<const float4*>(x);
+  const float4 xb = *(reinterpret_cast<const float4*>(x) + 1);
   acc = fmaf(__uint_as_float(w.x << 16), xa.x, acc);
   acc = fmaf(__uint_as_float(w.x & 0xffff0000u), xa.y, acc);
   acc = fmaf(__uint_as_float(w.y << 16), xa.z, acc);
@@ -85,8 +87,8 @@ __device__ __forceinline__ float dot16(uint4 w, const float* __restrict__ x, flo
   acc = fmaf(__uint_as_float(w.w & 0xffff0000u), xb.w, acc);
   return acc;
 }
-__device__ __forceinline__ float dot16(uint4 w, const float* __restrict__ x, float acc, float) {
-  const float4 xa = __ldg(reinterpret_cast<const float4*>(x));
+__device__ __forceinline__ float dot16(uint4 w, const float* x, float acc, float) {
+  const float4 xa = *reinterpret_cast<const float4*>(x);
   acc = fmaf(__uint_as_float(w.x), xa.x, acc);
   acc = fmaf(__uint_as_float(w.y), xa.y, acc);
   acc = fmaf(__uint_as_float(w.z), xa.z, acc);
@@ -206,7 +208,7 @@ void launch_gemv(const GemvArgs<W>& a, cudaStream_t stream) {
 
 // ---------------------------------------------------------------- T > 1 helpers
 
-__global__ void to_bf16_kernel(const float* __restrict__ x, uint16_t* __restrict__ y, int64_t n) {
+__global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
   detail::griddep_launch_dependents();
   detail::griddep_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
