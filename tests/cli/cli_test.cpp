@@ -154,3 +154,29 @@ TEST(Cli, HelpListsEveryCommandWithExamples) {
   RunResult g = run_cli("generate --help");
   EXPECT_THAT(g.out, HasSubstr("Examples:"));
 }
+
+TEST(Cli, ChatKeepsTheCacheBetweenTurns) {
+  // Two turns through stdin with the embedded model: the second turn
+  // prefills only its own tokens (plus the pending stop token), not the
+  // conversation so far.
+  fs::path in = fs::temp_directory_path() / "kvgraph_chat_in.txt";
+  std::ofstream(in) << "The meaning of life is\nA computer is\n\n";
+  auto out = fs::temp_directory_path() / "kvgraph_chat_out.txt";
+  auto err = fs::temp_directory_path() / "kvgraph_chat_err.txt";
+  std::string cmd = std::string(KVGRAPH_CLI) + " chat --max-tokens 12 --temperature 0 <" + in.string() + " >" +
+                    out.string() + " 2>" + err.string();
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << slurp(err);
+  std::string e = slurp(err);
+  std::vector<std::pair<int, int>> turns;  // (prefilled, cache)
+  size_t at = 0;
+  while ((at = e.find("prefilled ", at)) != std::string::npos) {
+    int pre = std::stoi(e.substr(at + 10));
+    size_t c = e.find("cache ", at);
+    turns.push_back({pre, std::stoi(e.substr(c + 6))});
+    at = c;
+  }
+  ASSERT_EQ(turns.size(), 2u) << e;
+  EXPECT_LT(turns[1].first, turns[1].second - turns[0].second + 2);  // only the new turn's tokens
+  EXPECT_GT(turns[1].second, turns[0].second);
+  EXPECT_GT(slurp(out).size(), 10u);
+}

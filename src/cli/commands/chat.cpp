@@ -85,6 +85,7 @@ void run_chat(const ChatFlags& f) {
       continue;
     }
     first = false;
+    auto t0 = std::chrono::steady_clock::now();
     s.prefill(ids);
     int32_t t = s.sample();
     StreamDecoder sd(tok, true);
@@ -100,6 +101,10 @@ void run_chat(const ChatFlags& f) {
     std::string rest = sd.flush();
     fwrite(rest.data(), 1, rest.size(), stdout);
     fmt::print("\n");
+    fflush(stdout);
+    if (!f.m.quiet)
+      fmt::print(stderr, "[kvgraph] turn: prefilled {} new tokens, generated {}, cache {}/{} ({:.2f} s)\n", ids.size(),
+                 n, s.position(), s.capacity(), seconds_since(t0));
     pending = t;
   }
 }
