@@ -17,38 +17,11 @@
 #include "kvgraph/dtype.h"
 #include "kvgraph/error.h"
 #include "ops/cuda/kernels.h"
+#include "support/cuda_test_util.h"
 
 namespace kvgraph::cuda {
 namespace {
 
-template <typename T>
-DeviceBuffer to_device(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  b.upload(v.data(), v.size() * sizeof(T));
-  return b;
-}
-template <typename T>
-std::vector<T> to_host(const DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  b.download(v.data(), n * sizeof(T));
-  return v;
-}
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-double norm_err(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double d = std::fabs(double(got[i]) - double(want[i]));
-    num = std::isnan(d) ? INFINITY : std::max(num, d);
-    den = std::max(den, std::fabs(double(want[i])));
-  }
-  return den > 0 ? num / den : num;
-}
 float round_to(DType s, float x) {
   if (s == DType::BF16) return bf16_to_f32(f32_to_bf16(x));
   if (s == DType::F16) return f16_to_f32(f32_to_f16(x));

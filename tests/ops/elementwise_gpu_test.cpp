@@ -11,55 +11,12 @@
 
 #include "kvgraph/dtype.h"
 #include "ops/cuda/kernels.h"
+#include "support/cuda_test_util.h"
 
 namespace kvgraph::cuda {
 namespace {
 
-class CudaElementwise : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
-
-template <typename T>
-DeviceBuffer to_device(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  b.upload(v.data(), v.size() * sizeof(T));
-  return b;
-}
-template <typename T>
-std::vector<T> to_host(const DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  b.download(v.data(), n * sizeof(T));
-  return v;
-}
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-std::vector<uint16_t> bf16_of(const std::vector<float>& v) {
-  std::vector<uint16_t> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = f32_to_bf16(v[i]);
-  return o;
-}
-std::vector<float> bf16_round(const std::vector<float>& v) {
-  std::vector<float> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = bf16_to_f32(f32_to_bf16(v[i]));
-  return o;
-}
-// max |got - want| / max |want|
-double norm_err(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::fabs(double(got[i]) - double(want[i])));
-    den = std::max(den, std::fabs(double(want[i])));
-  }
-  return den > 0 ? num / den : num;
-}
+class CudaElementwise : public CudaDeviceTest {};
 
 // Weights as the device sees them: the bf16 copy (rounded) or the f32 one.
 struct Weights {

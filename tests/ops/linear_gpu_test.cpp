@@ -11,44 +11,12 @@
 
 #include "kvgraph/dtype.h"
 #include "ops/cuda/kernels.h"
+#include "support/cuda_test_util.h"
 
 namespace kvgraph::cuda {
 namespace {
 
-class CudaLinear : public ::testing::Test {
- protected:
-  void SetUp() override {
-    if (device_count() == 0) GTEST_SKIP() << "no CUDA device";
-  }
-};
-
-template <typename T>
-DeviceBuffer to_device(const std::vector<T>& v) {
-  DeviceBuffer b(v.size() * sizeof(T));
-  b.upload(v.data(), v.size() * sizeof(T));
-  return b;
-}
-template <typename T>
-std::vector<T> to_host(const DeviceBuffer& b, size_t n) {
-  std::vector<T> v(n);
-  b.download(v.data(), n * sizeof(T));
-  return v;
-}
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-double norm_err(const std::vector<float>& got, const std::vector<float>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    num = std::max(num, std::fabs(double(got[i]) - double(want[i])));
-    den = std::max(den, std::fabs(double(want[i])));
-  }
-  return den > 0 ? num / den : num;
-}
+class CudaLinear : public CudaDeviceTest {};
 
 struct Weights {
   std::vector<float> ref;  // the values the device holds, as f32
