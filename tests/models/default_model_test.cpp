@@ -37,7 +37,8 @@ TEST(DefaultModel, UsesRingAndFlatLayersTogether) {
 
 TEST(DefaultModel, TokenizerMatchesTrainingTokenizer) {
   auto tok = Tokenizer::from_file(default_dir() / "tokenizer.json");
-  for (const auto& c : eval_json()["tokenizer_cases"])
+  const nlohmann::json j = eval_json();  // keep it alive across the loop
+  for (const auto& c : j["tokenizer_cases"])
     EXPECT_EQ(tok.encode(c["text"].get<std::string>(), true), c["ids_with_bos"].get<std::vector<int32_t>>())
         << c["text"];
 }
@@ -45,7 +46,8 @@ TEST(DefaultModel, TokenizerMatchesTrainingTokenizer) {
 TEST(DefaultModel, GreedyDecodingMatchesTransformers) {
   auto m = Model::load(default_dir(), Device::CPU);
   int agree = 0, total = 0;
-  for (const auto& c : eval_json()["greedy_reference"]["cases"]) {
+  const nlohmann::json j = eval_json();  // keep it alive across the loop
+  for (const auto& c : j["greedy_reference"]["cases"]) {
     auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
     auto expect = c["greedy_new_ids"].get<std::vector<int32_t>>();
     SessionOptions so;
