@@ -72,6 +72,7 @@ class Model {
 
  private:
   Model() = default;
+  void upload_rope();  // inv_freq tables of cfg_ onto device_ (load and synthetic)
   ModelConfig cfg_;
   Device device_ = Device::CPU;
   DType matrix_dtype_ = DType::F32;

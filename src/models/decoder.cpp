@@ -25,6 +25,13 @@ CacheConfig Model::cache_config(int32_t capacity, int32_t max_write, DType stora
   return c;
 }
 
+void Model::upload_rope() {
+  auto g = rope_inv_freq(cfg_.rope, cfg_.head_dim);
+  auto lo = rope_inv_freq(cfg_.rope_local, cfg_.head_dim);
+  inv_freq_global_ = Tensor::from_host(g.data(), {int64_t(g.size())}, DType::F32, device_);
+  inv_freq_local_ = Tensor::from_host(lo.data(), {int64_t(lo.size())}, DType::F32, device_);
+}
+
 size_t Model::weight_bytes_read_per_token() const {
   if (lm_head_.raw() == embed_.raw()) return weight_bytes_;  // tied: the lm_head reads the table
   return weight_bytes_ - embed_.nbytes() + static_cast<size_t>(embed_.dim(1)) * dtype_size(embed_.dtype());

@@ -100,10 +100,7 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
     L.down_bias = ld.maybe(p + "mlp.down_proj.bias", {D}, c.mlp_bias);
     m->layers_.push_back(std::move(L));
   }
-  auto g = rope_inv_freq(c.rope, c.head_dim);
-  auto lo = rope_inv_freq(c.rope_local, c.head_dim);
-  m->inv_freq_global_ = Tensor::from_host(g.data(), {int64_t(g.size())}, DType::F32, device);
-  m->inv_freq_local_ = Tensor::from_host(lo.data(), {int64_t(lo.size())}, DType::F32, device);
+  m->upload_rope();
   return m;
 }
 

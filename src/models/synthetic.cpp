@@ -118,10 +118,7 @@ std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, 
     m->layers_.push_back(std::move(L));
   }
   s.synchronize();
-  auto g = rope_inv_freq(c.rope, c.head_dim);
-  auto lo = rope_inv_freq(c.rope_local, c.head_dim);
-  m->inv_freq_global_ = Tensor::from_host(g.data(), {int64_t(g.size())}, DType::F32, device);
-  m->inv_freq_local_ = Tensor::from_host(lo.data(), {int64_t(lo.size())}, DType::F32, device);
+  m->upload_rope();
   return m;
 }
 
