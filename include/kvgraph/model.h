@@ -15,14 +15,18 @@
 
 namespace kvgraph {
 
+// Projections are stored fused, so a decode step runs one GEMV where the
+// checkpoint has several: q, k and v stacked into one matrix, and gate and up
+// interleaved row by row (gate_0, up_0, gate_1, ...) for the gated epilogue.
 struct LayerWeights {
-  Tensor q_proj, k_proj, v_proj, o_proj;         // [Hq*hd, D], [Hkv*hd, D] x2, [D, Hq*hd]
-  Tensor q_bias, k_bias, v_bias, o_bias;         // f32 [N] or undefined
+  Tensor qkv_proj;                               // [(Hq + 2 Hkv) * hd, D]: q rows, k rows, v rows
+  Tensor qkv_bias;                               // [(Hq + 2 Hkv) * hd] or undefined
+  Tensor o_proj, o_bias;                         // [D, Hq*hd], [D] or undefined
   Tensor q_norm, k_norm;                         // f32 [hd] (qk_norm families)
   Tensor input_norm, post_attention_norm;        // f32 [D]
   Tensor pre_feedforward_norm, post_feedforward_norm;  // f32 [D] (Gemma sandwich norms)
-  Tensor gate_proj, up_proj, down_proj;          // [F, D], [F, D], [D, F]
-  Tensor gate_bias, up_bias, down_bias;          // f32 or undefined (Llama mlp_bias)
+  Tensor gate_up_proj, gate_up_bias;             // [2F, D] interleaved, [2F] or undefined
+  Tensor down_proj, down_bias;                   // [D, F], [D] or undefined
 };
 
 // Activation buffers for steps of up to `max_T` tokens, allocated once so a
@@ -30,10 +34,10 @@ struct LayerWeights {
 struct Workspace {
   int max_T = 0;
   int logit_rows = 0;            // rows of `logits` (1, or max_T to score every position)
-  Tensor x, h, o;                // f32 [max_T, D]
-  Tensor q, attn;                // f32 [max_T, Hq*hd]
-  Tensor k, v;                   // f32 [max_T, Hkv*hd]
-  Tensor gate, up;               // f32 [max_T, F]
+  Tensor x, o;                   // f32 [max_T, D]: residual stream, block output (Gemma)
+  Tensor qkv;                    // f32 [max_T, (Hq + 2 Hkv) * hd]
+  Tensor attn;                   // f32 [max_T, Hq*hd]
+  Tensor act;                    // f32 [max_T, F]: act(gate) * up
   Tensor logits;                 // f32 [logit_rows, V]
 };
 

@@ -25,9 +25,40 @@ void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float ep
 // out f32 [T, N] = x f32 [T, K] @ w[N, K]^T (+ bias [N] when given).
 void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out);
 
+// What a linear layer may fuse around its product (the decoder's fused
+// kernels). In order: norm prologue, product, bias, then either the gate or
+// the residual.
+struct LinearOptions {
+  const Tensor* bias = nullptr;      // [N], same dtype as w
+  // RMSNorm prologue: each row of x is used as rms_norm(x) * norm (Gemma:
+  // * (1 + norm)); x itself is not modified. f32 [K].
+  const Tensor* norm = nullptr;
+  float norm_eps = 1e-6f;
+  bool norm_plus_one = false;
+  // Gated epilogue: w's rows interleave gate and up (gate_0, up_0, gate_1,
+  // ...), and out f32 [T, N/2] = act(x @ gate^T) * (x @ up^T).
+  bool gated = false;
+  Activation act = Activation::SiLU;
+  // Residual epilogue: out = ... + residual (f32 [T, N]; may alias out).
+  const Tensor* residual = nullptr;
+};
+void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const LinearOptions& o);
+
+// out f32 [rows, D] += rms_norm(x) * w (Gemma's post-norms on the residual stream).
+void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);
+
+// In place, per-head RMSNorm (w f32 [head_dim]) of heads [first, first + n)
+// of every row of x f32 [T, W], W >= (first + n) * head_dim: the q/k norms of
+// a packed qkv row.
+void rms_norm_heads(Stream& s, Tensor& x, int first, int n, int head_dim, const Tensor& w, float eps,
+                    bool plus_one);
+
 // In place, rotate-half (NeoX/HF) RoPE on x f32 [T, H, head_dim]; token t is
 // at position pos[0] + t (pos: i32 [1], read when the op runs).
 void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq);
+// The same on heads [0, n) of every row of x f32 [T, W] (q and k heads of a
+// packed qkv row, which come first).
+void rope_heads(Stream& s, Tensor& x, int n, int head_dim, const Tensor& pos, const Tensor& inv_freq);
 
 // out f32 [T, F] = act(gate) * up.
 void act_mul(Stream& s, const Tensor& gate, const Tensor& up, Tensor& out, Activation act);

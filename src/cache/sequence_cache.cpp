@@ -115,20 +115,44 @@ void SequenceCache::update_and_attend(Stream& stream, int layer, const Tensor& q
   expect(k, "k", l.n_kv_heads);
   expect(v, "v", l.n_kv_heads);
   expect(out, "out", l.n_heads);
+  const int64_t qs = int64_t(l.n_heads) * l.head_dim, ks = int64_t(l.n_kv_heads) * l.head_dim;
+  attend(stream, layer, {q.data<float>(), qs}, {k.data<float>(), ks}, {v.data<float>(), ks}, out, params);
+}
 
+void SequenceCache::update_and_attend(Stream& stream, int layer, const Tensor& qkv, Tensor& out,
+                                      AttendParams params) {
+  if (layer < 0 || layer >= n_layers())
+    fail("update_and_attend", "layer {} out of range (cache has {} layers)", layer, n_layers());
+  if (!step_pos_) fail("update_and_attend", "layer {}: called before begin_step", layer);
+  const LayerSpec& l = config_.layers[layer];
+  const int32_t T = step_T_;
+  const int64_t qs = int64_t(l.n_heads) * l.head_dim, ks = int64_t(l.n_kv_heads) * l.head_dim;
+  const int64_t row = qs + 2 * ks;
+  if (qkv.dtype() != DType::F32 || qkv.numel() != T * row)
+    fail("update_and_attend", "layer {}: qkv must be f32 [{}, {}], got {} {}", layer, T, row,
+         dtype_name(qkv.dtype()), qkv.shape_str());
+  if (out.dtype() != DType::F32 || out.numel() != T * qs)
+    fail("update_and_attend", "layer {}: out must be f32 [{}, {}], got {} {}", layer, T, qs,
+         dtype_name(out.dtype()), out.shape_str());
+  const float* p = qkv.data<float>();
+  attend(stream, layer, {p, row}, {p + qs, row}, {p + qs + ks, row}, out, params);
+}
+
+void SequenceCache::attend(Stream& stream, int layer, Rows q, Rows k, Rows v, Tensor& out, AttendParams params) {
+  const LayerSpec& l = config_.layers[layer];
   if (config_.device == Device::CPU) {
     cpu::AttentionArgs a{&plans_[policy_of_layer_[layer]], l.policy.rule(), config_.storage,
-                         k_[layer].raw(), v_[layer].raw(), q.data<float>(), k.data<float>(),
-                         v.data<float>(), out.data<float>(), l.n_heads, l.n_kv_heads, l.head_dim,
-                         params.scale, params.softcap};
+                         k_[layer].raw(), v_[layer].raw(), q.p, k.p, v.p, out.data<float>(),
+                         l.n_heads, l.n_kv_heads, l.head_dim, params.scale, params.softcap,
+                         q.stride, k.stride, v.stride};
     stream.submit([a] { cpu::update_and_attend(a); });
     return;
   }
 #ifdef KVGRAPH_HAVE_CUDA
-  cuda_ops::CacheAttendArgs a{step_pos_, T, l.policy.rule(), config_.storage, k_[layer].raw(), v_[layer].raw(),
-                          q.data<float>(), k.data<float>(), v.data<float>(), out.data<float>(),
-                          l.n_heads, l.n_kv_heads, l.head_dim, params.scale, params.softcap,
-                          l.policy.is_ring() ? l.policy.pool() : l.policy.capacity()};
+  cuda_ops::CacheAttendArgs a{step_pos_, step_T_, l.policy.rule(), config_.storage, k_[layer].raw(),
+                              v_[layer].raw(), q.p, k.p, v.p, q.stride, k.stride, v.stride, out.data<float>(),
+                              l.n_heads, l.n_kv_heads, l.head_dim, params.scale, params.softcap,
+                              l.policy.is_ring() ? l.policy.pool() : l.policy.capacity()};
   cuda_ops::update_and_attend(stream, a);
 #else
   fail("update_and_attend", "has no implementation for device {}", device_name(config_.device));

@@ -45,18 +45,19 @@ Workspace Model::make_workspace(int max_T, bool all_logits) const {
   w.logit_rows = all_logits ? max_T : 1;
   auto f32 = [&](int64_t rows, int64_t cols) { return Tensor::zeros({rows, cols}, DType::F32, device_); };
   w.x = f32(max_T, D);
-  w.h = f32(max_T, D);
   w.o = f32(max_T, D);
-  w.q = f32(max_T, QD);
+  w.qkv = f32(max_T, QD + 2 * KD);
   w.attn = f32(max_T, QD);
-  w.k = f32(max_T, KD);
-  w.v = f32(max_T, KD);
-  w.gate = f32(max_T, F);
-  w.up = f32(max_T, F);
+  w.act = f32(max_T, F);
   w.logits = f32(w.logit_rows, cfg_.vocab_size);
   return w;
 }
 
+// One step, in fused ops (a decode layer is 6 kernels on CUDA for Llama-like
+// models): [norm + QKV] -> RoPE on q and k -> update_and_attend -> [O +
+// residual] -> [norm + gate/up + act] -> [down + residual]. Gemma's sandwich
+// norms add a norm-and-accumulate after each block instead of the residual
+// epilogue. Each bracket is one op.
 void Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor& ids, const Tensor& pos, int T,
                     bool all_logits) const {
   if (T < 1 || T > ws.max_T) fail("model", "step of {} tokens exceeds the workspace ({} tokens)", T, ws.max_T);
@@ -66,12 +67,16 @@ void Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor
   const float eps = c.rms_norm_eps;
   const bool plus1 = c.norm_weight_plus_one;
 
-  Tensor x = ws.x.slice_rows(0, T), h = ws.h.slice_rows(0, T), o = ws.o.slice_rows(0, T);
-  Tensor q = ws.q.slice_rows(0, T), k = ws.k.slice_rows(0, T), v = ws.v.slice_rows(0, T);
-  Tensor attn = ws.attn.slice_rows(0, T), gate = ws.gate.slice_rows(0, T), up = ws.up.slice_rows(0, T);
-  Tensor q3 = q.reshape({T, Hq, hd}), k3 = k.reshape({T, Hkv, hd});
-  Tensor q_rows = q.reshape({int64_t(T) * Hq, hd}), k_rows = k.reshape({int64_t(T) * Hkv, hd});
+  Tensor x = ws.x.slice_rows(0, T), o = ws.o.slice_rows(0, T), qkv = ws.qkv.slice_rows(0, T);
+  Tensor attn = ws.attn.slice_rows(0, T), act = ws.act.slice_rows(0, T);
   auto opt = [](const Tensor& t) { return t.defined() ? &t : nullptr; };
+  auto normed = [&](const Tensor& norm) {
+    ops::LinearOptions lo;
+    lo.norm = &norm;
+    lo.norm_eps = eps;
+    lo.norm_plus_one = plus1;
+    return lo;
+  };
 
   ops::embedding(s, embed_, ids.slice_rows(0, T), x, c.embed_scale);
   cache.begin_step(s, pos, T);  // plans once per policy; a step that does not fit stops here
@@ -79,41 +84,44 @@ void Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor
     const LayerWeights& L = layers_[l];
     const bool sliding = c.layer_window[l] > 0;
     // Attention block.
-    ops::rms_norm(s, x, L.input_norm, h, eps, plus1);
-    ops::linear(s, h, L.q_proj, opt(L.q_bias), q);
-    ops::linear(s, h, L.k_proj, opt(L.k_bias), k);
-    ops::linear(s, h, L.v_proj, opt(L.v_bias), v);
+    ops::LinearOptions qkv_o = normed(L.input_norm);
+    qkv_o.bias = opt(L.qkv_bias);
+    ops::linear(s, x, L.qkv_proj, qkv, qkv_o);
     if (c.qk_norm) {
-      ops::rms_norm(s, q_rows, L.q_norm, q_rows, eps, plus1);
-      ops::rms_norm(s, k_rows, L.k_norm, k_rows, eps, plus1);
+      ops::rms_norm_heads(s, qkv, 0, Hq, hd, L.q_norm, eps, plus1);
+      ops::rms_norm_heads(s, qkv, Hq, Hkv, hd, L.k_norm, eps, plus1);
     }
-    const Tensor& inv_freq = sliding ? inv_freq_local_ : inv_freq_global_;
-    ops::rope(s, q3, pos, inv_freq);
-    ops::rope(s, k3, pos, inv_freq);
-    cache.update_and_attend(s, l, q, k, v, attn, AttendParams{c.attention_scale(), c.attn_logit_softcap});
-    ops::linear(s, attn, L.o_proj, opt(L.o_bias), o);
+    ops::rope_heads(s, qkv, Hq + Hkv, hd, pos, sliding ? inv_freq_local_ : inv_freq_global_);
+    cache.update_and_attend(s, l, qkv, attn, AttendParams{c.attention_scale(), c.attn_logit_softcap});
+    ops::LinearOptions o_o;
+    o_o.bias = opt(L.o_bias);
     if (c.sandwich_norms) {
-      ops::rms_norm(s, o, L.post_attention_norm, o, eps, plus1);
-      ops::add(s, x, o, x);
-      ops::rms_norm(s, x, L.pre_feedforward_norm, h, eps, plus1);
+      ops::linear(s, attn, L.o_proj, o, o_o);
+      ops::rms_norm_add(s, o, L.post_attention_norm, x, eps, plus1);
     } else {
-      ops::add(s, x, o, x);
-      ops::rms_norm(s, x, L.post_attention_norm, h, eps, plus1);
+      o_o.residual = &x;
+      ops::linear(s, attn, L.o_proj, x, o_o);
     }
     // MLP block.
-    ops::linear(s, h, L.gate_proj, opt(L.gate_bias), gate);
-    ops::linear(s, h, L.up_proj, opt(L.up_bias), up);
-    ops::act_mul(s, gate, up, gate, c.activation);
-    ops::linear(s, gate, L.down_proj, opt(L.down_bias), o);
-    if (c.sandwich_norms) ops::rms_norm(s, o, L.post_feedforward_norm, o, eps, plus1);
-    ops::add(s, x, o, x);
+    ops::LinearOptions up_o = normed(c.sandwich_norms ? L.pre_feedforward_norm : L.post_attention_norm);
+    up_o.bias = opt(L.gate_up_bias);
+    up_o.gated = true;
+    up_o.act = c.activation;
+    ops::linear(s, x, L.gate_up_proj, act, up_o);
+    ops::LinearOptions down_o;
+    down_o.bias = opt(L.down_bias);
+    if (c.sandwich_norms) {
+      ops::linear(s, act, L.down_proj, o, down_o);
+      ops::rms_norm_add(s, o, L.post_feedforward_norm, x, eps, plus1);
+    } else {
+      down_o.residual = &x;
+      ops::linear(s, act, L.down_proj, x, down_o);
+    }
   }
   // Head: every row, or only the last token's.
   Tensor rows = all_logits ? x : x.slice_rows(T - 1, 1);
-  Tensor hrows = all_logits ? h : h.slice_rows(0, 1);
   Tensor logits = ws.logits.slice_rows(0, all_logits ? T : 1);
-  ops::rms_norm(s, rows, final_norm_, hrows, eps, plus1);
-  ops::linear(s, hrows, lm_head_, nullptr, logits);
+  ops::linear(s, rows, lm_head_, logits, normed(final_norm_));
   if (c.final_logit_softcap > 0.0f) ops::softcap(s, logits, c.final_logit_softcap);
 }
 

@@ -1,5 +1,6 @@
 // Model::load: config.json + safetensors -> device tensors, named and
 // shape-checked as transformers names them.
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -30,19 +31,48 @@ struct Loader {
   const ProgressFn& progress;
   size_t* weight_bytes;
 
-  Tensor get(const std::string& name, std::vector<int64_t> shape, bool matrix) {
+  // One checkpoint tensor as f32 values on the host (shape-checked).
+  std::vector<float> host(const std::string& name, const std::vector<int64_t>& shape) {
     WeightView w = store.get(name, shape);
     if (w.dtype != DType::F32 && w.dtype != DType::BF16 && w.dtype != DType::F16)
       fail("weights", "tensor \"{}\": dtype {} is not a float type", name, dtype_name(w.dtype));
-    Tensor t = upload(to_f32(w), std::move(shape), matrix ? matrix_dtype : DType::F32, device);
-    *weight_bytes += t.nbytes();
+    std::vector<float> v = to_f32(w);
     done_bytes += w.nbytes;
     if (progress) progress(done_bytes, total_bytes);
+    return v;
+  }
+  Tensor put(const std::vector<float>& v, std::vector<int64_t> shape, bool matrix) {
+    Tensor t = upload(v, std::move(shape), matrix ? matrix_dtype : DType::F32, device);
+    *weight_bytes += t.nbytes();
     return t;
   }
+  Tensor get(const std::string& name, std::vector<int64_t> shape, bool matrix) {
+    return put(host(name, shape), shape, matrix);
+  }
+  // Tensors stacked along their first dimension into one (fused projections).
   // Biases are stored like their matrices (the CUDA GEMV reads both alike).
-  Tensor maybe(const std::string& name, std::vector<int64_t> shape, bool present) {
-    return present ? get(name, std::move(shape), true) : Tensor{};
+  Tensor stacked(const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols) {
+    std::vector<float> all;
+    int64_t total = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      std::vector<int64_t> shape = cols ? std::vector<int64_t>{rows[i], cols} : std::vector<int64_t>{rows[i]};
+      std::vector<float> v = host(names[i], shape);
+      all.insert(all.end(), v.begin(), v.end());
+      total += rows[i];
+    }
+    return put(all, cols ? std::vector<int64_t>{total, cols} : std::vector<int64_t>{total}, true);
+  }
+  // Two [F, cols] (or [F]) tensors a, b as one [2F, cols] with rows a_0, b_0, a_1, b_1, ...
+  Tensor interleaved(const std::string& a, const std::string& b, int64_t F, int64_t cols) {
+    const std::vector<int64_t> shape = cols ? std::vector<int64_t>{F, cols} : std::vector<int64_t>{F};
+    const std::vector<float> va = host(a, shape), vb = host(b, shape);
+    const int64_t c = cols ? cols : 1;
+    std::vector<float> all(size_t(2 * F * c));
+    for (int64_t r = 0; r < F; ++r) {
+      std::copy_n(va.begin() + r * c, c, all.begin() + 2 * r * c);
+      std::copy_n(vb.begin() + r * c, c, all.begin() + (2 * r + 1) * c);
+    }
+    return put(all, cols ? std::vector<int64_t>{2 * F, cols} : std::vector<int64_t>{2 * F}, true);
   }
 };
 
@@ -74,17 +104,15 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
   for (int l = 0; l < c.num_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
     LayerWeights L;
-    L.q_proj = ld.get(p + "self_attn.q_proj.weight", {QD, D}, true);
-    L.k_proj = ld.get(p + "self_attn.k_proj.weight", {KD, D}, true);
-    L.v_proj = ld.get(p + "self_attn.v_proj.weight", {KD, D}, true);
-    L.o_proj = ld.get(p + "self_attn.o_proj.weight", {D, QD}, true);
-    L.q_bias = ld.maybe(p + "self_attn.q_proj.bias", {QD}, c.attention_bias);
-    L.k_bias = ld.maybe(p + "self_attn.k_proj.bias", {KD}, c.attention_bias);
-    L.v_bias = ld.maybe(p + "self_attn.v_proj.bias", {KD}, c.attention_bias);
-    L.o_bias = ld.maybe(p + "self_attn.o_proj.bias", {D}, c.attention_out_bias);
+    const std::string at = p + "self_attn.";
+    L.qkv_proj = ld.stacked({at + "q_proj.weight", at + "k_proj.weight", at + "v_proj.weight"}, {QD, KD, KD}, D);
+    if (c.attention_bias)
+      L.qkv_bias = ld.stacked({at + "q_proj.bias", at + "k_proj.bias", at + "v_proj.bias"}, {QD, KD, KD}, 0);
+    L.o_proj = ld.get(at + "o_proj.weight", {D, QD}, true);
+    if (c.attention_out_bias) L.o_bias = ld.get(at + "o_proj.bias", {D}, true);
     if (c.qk_norm) {
-      L.q_norm = ld.get(p + "self_attn.q_norm.weight", {hd}, false);
-      L.k_norm = ld.get(p + "self_attn.k_norm.weight", {hd}, false);
+      L.q_norm = ld.get(at + "q_norm.weight", {hd}, false);
+      L.k_norm = ld.get(at + "k_norm.weight", {hd}, false);
     }
     L.input_norm = ld.get(p + "input_layernorm.weight", {D}, false);
     L.post_attention_norm = ld.get(p + "post_attention_layernorm.weight", {D}, false);
@@ -92,12 +120,10 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
       L.pre_feedforward_norm = ld.get(p + "pre_feedforward_layernorm.weight", {D}, false);
       L.post_feedforward_norm = ld.get(p + "post_feedforward_layernorm.weight", {D}, false);
     }
-    L.gate_proj = ld.get(p + "mlp.gate_proj.weight", {F, D}, true);
-    L.up_proj = ld.get(p + "mlp.up_proj.weight", {F, D}, true);
+    L.gate_up_proj = ld.interleaved(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", F, D);
+    if (c.mlp_bias) L.gate_up_bias = ld.interleaved(p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias", F, 0);
     L.down_proj = ld.get(p + "mlp.down_proj.weight", {D, F}, true);
-    L.gate_bias = ld.maybe(p + "mlp.gate_proj.bias", {F}, c.mlp_bias);
-    L.up_bias = ld.maybe(p + "mlp.up_proj.bias", {F}, c.mlp_bias);
-    L.down_bias = ld.maybe(p + "mlp.down_proj.bias", {D}, c.mlp_bias);
+    if (c.mlp_bias) L.down_bias = ld.get(p + "mlp.down_proj.bias", {D}, true);
     m->layers_.push_back(std::move(L));
   }
   m->upload_rope();

@@ -93,15 +93,9 @@ std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, 
   m->lm_head_ = c.tie_word_embeddings ? m->embed_ : mat(V, D);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights L;
-    L.q_proj = mat(QD, D);
-    L.k_proj = mat(KD, D);
-    L.v_proj = mat(KD, D);
+    L.qkv_proj = mat(QD + 2 * KD, D);
+    if (c.attention_bias) L.qkv_bias = bias(QD + 2 * KD);
     L.o_proj = mat(D, QD);
-    if (c.attention_bias) {
-      L.q_bias = bias(QD);
-      L.k_bias = bias(KD);
-      L.v_bias = bias(KD);
-    }
     if (c.qk_norm) {
       L.q_norm = vec(hd, norm_one);
       L.k_norm = vec(hd, norm_one);
@@ -112,8 +106,7 @@ std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, 
       L.pre_feedforward_norm = vec(D, norm_one);
       L.post_feedforward_norm = vec(D, norm_one);
     }
-    L.gate_proj = mat(F, D);
-    L.up_proj = mat(F, D);
+    L.gate_up_proj = mat(2 * F, D);  // random rows: interleaving needs no reordering
     L.down_proj = mat(D, F);
     m->layers_.push_back(std::move(L));
   }

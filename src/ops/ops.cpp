@@ -67,12 +67,97 @@ void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Ten
             o = out.data<float>(), T, N, K] { cpu::linear(xp, wp, bp, o, T, N, K); });
 }
 
+void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const LinearOptions& o) {
+  need_f32(x, "linear", "x");
+  const int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
+  need(x.numel() % K == 0, "linear", "x must be [T, K]");
+  const int T = static_cast<int>(x.numel() / K);
+  const int N_out = o.gated ? N / 2 : N;
+  if (o.gated && (N % 2 || o.residual)) fail("linear", "a gated linear needs an even N and no residual");
+  if (out.numel() != int64_t(T) * N_out)
+    fail("linear", "out must be [{}, {}], got {}", T, N_out, out.shape_str());
+  if (o.bias && o.bias->numel() != N) fail("linear", "bias must be [{}], got {}", N, o.bias->shape_str());
+  if (o.norm) {
+    need_f32(*o.norm, "linear", "norm");
+    if (o.norm->numel() != K) fail("linear", "norm must be [{}], got {}", K, o.norm->shape_str());
+  }
+  if (o.residual) {
+    need_f32(*o.residual, "linear", "residual");
+    if (o.residual->numel() != out.numel()) fail("linear", "residual must be shaped like out");
+  }
+  if (s.device() == Device::CUDA) KV_CUDA_OP(linear, s, x, w, out, o);
+  need_cpu_weight(w, "linear");
+  s.submit([xp = x.data<float>(), wp = w.data<float>(), bp = o.bias ? o.bias->data<float>() : nullptr,
+            np = o.norm ? o.norm->data<float>() : nullptr, eps = o.norm_eps, plus_one = o.norm_plus_one,
+            gated = o.gated, act = o.act, rp = o.residual ? o.residual->data<float>() : nullptr,
+            op = out.data<float>(), T, N, K] {
+    thread_local std::vector<float> xn, y;
+    const float* in = xp;
+    if (np) {
+      xn.resize(size_t(T) * K);
+      cpu::rms_norm(xp, np, xn.data(), T, K, eps, plus_one);
+      in = xn.data();
+    }
+    if (!gated && !rp) {
+      cpu::linear(in, wp, bp, op, T, N, K);
+      return;
+    }
+    y.resize(size_t(T) * N);
+    cpu::linear(in, wp, bp, y.data(), T, N, K);
+    const int64_t n_out = gated ? int64_t(T) * (N / 2) : int64_t(T) * N;
+    for (int64_t i = 0; i < n_out; ++i)
+      op[i] = gated ? cpu::activation(y[2 * i], act) * y[2 * i + 1] : y[i] + rp[i];
+  });
+}
+
+void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one) {
+  need_f32(x, "rms_norm_add", "x");
+  need_f32(out, "rms_norm_add", "out");
+  const int D = static_cast<int>(w.numel());
+  need(x.numel() % D == 0 && out.numel() == x.numel(), "rms_norm_add", "x/out must be [rows, D]");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(rms_norm_add, s, x, w, out, eps, plus_one);
+  need_cpu_weight(w, "rms_norm_add");
+  s.submit([xp = x.data<float>(), wp = w.data<float>(), o = out.data<float>(), rows = x.numel() / D, D, eps,
+            plus_one] {
+    thread_local std::vector<float> n;
+    n.resize(size_t(rows) * D);
+    cpu::rms_norm(xp, wp, n.data(), rows, D, eps, plus_one);
+    cpu::add(o, n.data(), o, rows * D);
+  });
+}
+
+void rms_norm_heads(Stream& s, Tensor& x, int first, int n, int head_dim, const Tensor& w, float eps,
+                    bool plus_one) {
+  need_f32(x, "rms_norm_heads", "x");
+  need(w.numel() == head_dim, "rms_norm_heads", "w must be [head_dim]");
+  need(first >= 0 && n > 0 && x.rank() == 2 && x.dim(1) >= int64_t(first + n) * head_dim, "rms_norm_heads",
+       "heads out of the row");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(rms_norm_heads, s, x, first, n, head_dim, w, eps, plus_one);
+  need_cpu_weight(w, "rms_norm_heads");
+  s.submit([xp = x.data<float>(), wp = w.data<float>(), T = x.dim(0), W = x.dim(1), first, n, head_dim, eps,
+            plus_one] {
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = xp + t * W + int64_t(first) * head_dim;
+      cpu::rms_norm(row, wp, row, n, head_dim, eps, plus_one);
+    }
+  });
+}
+
 void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq) {
   need_f32(x, "rope", "x");
   need(x.rank() == 3 && inv_freq.numel() * 2 == x.dim(2), "rope", "x must be [T, H, head_dim]");
   if (s.device() == Device::CUDA) KV_CUDA_OP(rope, s, x, pos, inv_freq);
   s.submit([xp = x.data<float>(), p = pos.data<int32_t>(), f = inv_freq.data<float>(), T = int(x.dim(0)),
             H = int(x.dim(1)), D = int(x.dim(2))] { cpu::rope(xp, *p, f, T, H, D); });
+}
+
+void rope_heads(Stream& s, Tensor& x, int n, int head_dim, const Tensor& pos, const Tensor& inv_freq) {
+  need_f32(x, "rope", "x");
+  need(x.rank() == 2 && n > 0 && x.dim(1) >= int64_t(n) * head_dim && inv_freq.numel() * 2 == head_dim, "rope",
+       "x must be [T, W] with n heads of head_dim in each row");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(rope_heads, s, x, n, head_dim, pos, inv_freq);
+  s.submit([xp = x.data<float>(), p = pos.data<int32_t>(), f = inv_freq.data<float>(), T = int(x.dim(0)), n,
+            head_dim, W = x.dim(1)] { cpu::rope(xp, *p, f, T, n, head_dim, W); });
 }
 
 void act_mul(Stream& s, const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {

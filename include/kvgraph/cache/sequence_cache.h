@@ -71,6 +71,10 @@ class SequenceCache {
   //   out [T, n_heads, head_dim].
   void update_and_attend(Stream& stream, int layer, const Tensor& q, const Tensor& k,
                          const Tensor& v, Tensor& out, AttendParams params);
+  // The same with q, k and v packed in one row per token, as a fused QKV
+  // projection writes them: qkv f32 [T, (n_heads + 2 * n_kv_heads) * head_dim]
+  // = [q heads | k heads | v heads].
+  void update_and_attend(Stream& stream, int layer, const Tensor& qkv, Tensor& out, AttendParams params);
 
   // Host bookkeeping after a step completed.
   void commit(int32_t T);
@@ -88,6 +92,11 @@ class SequenceCache {
 
  private:
   CacheConfig config_;
+  struct Rows {  // one of q/k/v: token t's heads start at p + t * stride
+    const float* p;
+    int64_t stride;
+  };
+  void attend(Stream& stream, int layer, Rows q, Rows k, Rows v, Tensor& out, AttendParams params);
   std::vector<Tensor> k_, v_;
   std::vector<CachePolicy> policies_;  // distinct policies
   std::vector<int> policy_of_layer_;   // index into policies_

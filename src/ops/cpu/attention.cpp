@@ -31,6 +31,9 @@ void run(const AttentionArgs& a) {
   const int64_t pool = a.rule.pool;
   S* K = static_cast<S*>(a.k_pool);
   S* V = static_cast<S*>(a.v_pool);
+  const int64_t q_stride = a.q_stride ? a.q_stride : int64_t(Hq) * D;
+  const int64_t k_stride = a.k_stride ? a.k_stride : int64_t(Hkv) * D;
+  const int64_t v_stride = a.v_stride ? a.v_stride : int64_t(Hkv) * D;
 
   // 1. Write the step's rows, run by run.
   int t = 0;
@@ -40,8 +43,8 @@ void run(const AttentionArgs& a) {
       for (int h = 0; h < Hkv; ++h) {
         S* kd = K + (h * pool + run.slot + i) * D;
         S* vd = V + (h * pool + run.slot + i) * D;
-        const float* ks = a.k + (static_cast<int64_t>(t) * Hkv + h) * D;
-        const float* vs = a.v + (static_cast<int64_t>(t) * Hkv + h) * D;
+        const float* ks = a.k + t * k_stride + static_cast<int64_t>(h) * D;
+        const float* vs = a.v + t * v_stride + static_cast<int64_t>(h) * D;
         for (int d = 0; d < D; ++d) {
           kd[d] = store<S>(ks[d]);
           vd[d] = store<S>(vs[d]);
@@ -59,7 +62,7 @@ void run(const AttentionArgs& a) {
     const int32_t lo = first_visible(a.rule, qpos);
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / group;
-      const float* q = a.q + (static_cast<int64_t>(tq) * Hq + h) * D;
+      const float* q = a.q + tq * q_stride + static_cast<int64_t>(h) * D;
       float mx = -std::numeric_limits<float>::infinity();
       int j = 0;
       for (int r = 0; r < p.n_read; ++r) {

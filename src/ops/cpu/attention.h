@@ -19,6 +19,7 @@ struct AttentionArgs {
   float* out;            // f32 [T, n_heads, head_dim]
   int n_heads, n_kv_heads, head_dim;
   float scale, softcap;
+  int64_t q_stride = 0, k_stride = 0, v_stride = 0;  // elements between tokens of q/k/v; 0: dense
 };
 
 // Writes the plan's T rows, then attends every query over the rows it may

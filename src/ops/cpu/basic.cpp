@@ -42,15 +42,16 @@ void linear(const float* x, const float* w, const float* bias, float* out, int T
       for (int n = 0; n < N; ++n) out[static_cast<int64_t>(t) * N + n] += bias[n];
 }
 
-void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D) {
+void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D, int64_t row_stride) {
   const int half = D / 2;
+  if (row_stride == 0) row_stride = static_cast<int64_t>(H) * D;
   for (int t = 0; t < T; ++t) {
     const float p = static_cast<float>(pos0 + t);
     for (int i = 0; i < half; ++i) {
       const float ang = p * inv_freq[i];  // f32 product, as torch does
       const float c = std::cos(ang), s = std::sin(ang);
       for (int h = 0; h < H; ++h) {
-        float* v = x + (static_cast<int64_t>(t) * H + h) * D;
+        float* v = x + t * row_stride + static_cast<int64_t>(h) * D;
         const float a = v[i], b = v[i + half];
         v[i] = a * c - b * s;
         v[i + half] = b * c + a * s;
@@ -59,16 +60,14 @@ void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D) {
   }
 }
 
+float activation(float g, Activation act) {
+  if (act == Activation::SiLU) return g / (1.0f + std::exp(-g));
+  constexpr float k = 0.7978845608028654f;  // sqrt(2/pi): gelu, tanh approximation (gelu_pytorch_tanh)
+  return 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g)));
+}
+
 void act_mul(const float* gate, const float* up, float* out, int64_t n, Activation act) {
-  if (act == Activation::SiLU) {
-    for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-  } else {  // gelu, tanh approximation (gelu_pytorch_tanh)
-    constexpr float k = 0.7978845608028654f;  // sqrt(2/pi)
-    for (int64_t i = 0; i < n; ++i) {
-      const float g = gate[i];
-      out[i] = 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g))) * up[i];
-    }
-  }
+  for (int64_t i = 0; i < n; ++i) out[i] = activation(gate[i], act) * up[i];
 }
 
 void add(const float* a, const float* b, float* out, int64_t n) {

@@ -54,6 +54,7 @@ struct RmsNormParams {
   int64_t out_stride = 0;  // elements between tokens; 0: heads * dim
   float eps = 1e-6f;
   bool plus_one = false;   // Gemma: multiply by (1 + w)
+  bool accumulate = false; // out += the normalised row (out must not alias x)
 };
 void rms_norm(const RmsNormParams& p, cudaStream_t stream);
 
@@ -120,6 +121,14 @@ struct LinearParams {
   float* out = nullptr;          // f32 [T, N] ([T, N/2] with a gate)
   int T = 1, N = 0, K = 0;
   Gate gate = Gate::none;        // N even; no residual
+  // RMSNorm prologue (when norm != null): every token's x row is normalised
+  // before the product, x_k * rsqrt(mean_k(x^2) + norm_eps) * g_k with
+  // g_k = norm[k] (or 1 + norm[k] when norm_plus_one). x itself is not
+  // modified. T == 1 folds it into the GEMV (each group re-reduces x from L2,
+  // alongside the dot products); T > 1 normalises into scratch first.
+  const float* norm = nullptr;   // f32 [K]
+  float norm_eps = 1e-6f;
+  bool norm_plus_one = false;
 };
 
 // Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.

@@ -14,6 +14,7 @@ struct NormArgs {
   int64_t x_stride, out_stride;
   float eps;
   bool plus_one;
+  bool accumulate;  // out += normalised row
 };
 
 // One block per row; fixed reduction tree, so results are deterministic.
@@ -44,7 +45,8 @@ __global__ void rms_norm_kernel(NormArgs a) {
   for (int d = threadIdx.x; d < a.dim; d += blockDim.x) {
     const float v = kAdd ? res[d] : x[d];
     const float wd = detail::to_f32(w[d]);
-    o[d] = v * inv * (a.plus_one ? 1.0f + wd : wd);
+    const float y = v * inv * (a.plus_one ? 1.0f + wd : wd);
+    o[d] = a.accumulate ? o[d] + y : y;
   }
 }
 
@@ -78,6 +80,8 @@ void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
   a.out_stride = p.out_stride ? p.out_stride : int64_t(p.heads) * p.dim;
   a.eps = p.eps;
   a.plus_one = p.plus_one;
+  a.accumulate = p.accumulate;
+  if (p.accumulate && p.out == p.x) fail_op("rms_norm", "an accumulating norm must not write its input");
   run_norm<false>(a, p.weight_dtype, stream);
 }
 

@@ -62,14 +62,28 @@ void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float ep
 }
 
 void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
+  ops::LinearOptions o;
+  o.bias = bias;
+  linear(s, x, w, out, o);
+}
+
+void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const ops::LinearOptions& o) {
   cuda::LinearParams p;
   p.x = x.data<float>();
   p.w = w.raw();
   p.w_dtype = w.dtype();
-  if (bias) {
-    if (bias->dtype() != w.dtype()) fail("linear", "bias dtype {} differs from weight dtype {}", dtype_name(bias->dtype()), dtype_name(w.dtype()));
-    p.bias = bias->raw();
+  if (o.bias) {
+    if (o.bias->dtype() != w.dtype())
+      fail("linear", "bias dtype {} differs from weight dtype {}", dtype_name(o.bias->dtype()), dtype_name(w.dtype()));
+    p.bias = o.bias->raw();
   }
+  if (o.norm) {
+    p.norm = o.norm->data<float>();
+    p.norm_eps = o.norm_eps;
+    p.norm_plus_one = o.norm_plus_one;
+  }
+  if (o.gated) p.gate = o.act == Activation::SiLU ? cuda::Gate::silu : cuda::Gate::gelu_tanh;
+  if (o.residual) p.residual = o.residual->data<float>();
   p.out = out.data<float>();
   p.N = static_cast<int>(w.dim(0));
   p.K = static_cast<int>(w.dim(1));
@@ -77,6 +91,49 @@ void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Ten
   Scratch& sc = scratch(s);
   if (p.T > 1) sc.gemm.reserve(p.T, std::max(p.N, p.K));
   cuda::linear(p, p.T > 1 ? &sc.gemm : nullptr, cs(s));
+}
+
+void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one) {
+  const int D = static_cast<int>(w.numel());
+  cuda::RmsNormParams p;
+  p.x = x.data<float>();
+  p.out = out.data<float>();
+  p.weight = w.raw();
+  p.weight_dtype = w.dtype();
+  p.tokens = x.numel() / D;
+  p.dim = D;
+  p.eps = eps;
+  p.plus_one = plus_one;
+  p.accumulate = true;
+  cuda::rms_norm(p, cs(s));
+}
+
+void rms_norm_heads(Stream& s, Tensor& x, int first, int n, int head_dim, const Tensor& w, float eps,
+                    bool plus_one) {
+  cuda::RmsNormParams p;
+  p.x = x.data<float>() + int64_t(first) * head_dim;
+  p.out = const_cast<float*>(p.x);
+  p.weight = w.raw();
+  p.weight_dtype = w.dtype();
+  p.tokens = x.dim(0);
+  p.heads = n;
+  p.dim = head_dim;
+  p.x_stride = p.out_stride = x.dim(1);
+  p.eps = eps;
+  p.plus_one = plus_one;
+  cuda::rms_norm(p, cs(s));
+}
+
+void rope_heads(Stream& s, Tensor& x, int n, int head_dim, const Tensor& pos, const Tensor& inv_freq) {
+  cuda::RopeParams p;
+  p.x = x.data<float>();
+  p.pos = pos.data<int32_t>();
+  p.inv_freq = inv_freq.data<float>();
+  p.T = static_cast<int>(x.dim(0));
+  p.n_heads = n;
+  p.head_dim = head_dim;
+  p.row_stride = x.dim(1);
+  cuda::rope(p, cs(s));
 }
 
 void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq) {
@@ -133,6 +190,9 @@ void update_and_attend(Stream& s, const CacheAttendArgs& a) {
   p.q = a.q;
   p.k = a.k;
   p.v = a.v;
+  p.q_stride = a.q_stride;
+  p.k_stride = a.k_stride;
+  p.v_stride = a.v_stride;
   p.k_pool = a.k_pool;
   p.v_pool = a.v_pool;
   p.storage = a.storage;

@@ -10,7 +10,12 @@ namespace kvgraph::cuda_ops {
 void embedding(Stream& s, const Tensor& table, const Tensor& ids, Tensor& out, float scale);
 void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);
 void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out);
+void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const ops::LinearOptions& o);
+void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);
+void rms_norm_heads(Stream& s, Tensor& x, int first, int n, int head_dim, const Tensor& w, float eps,
+                    bool plus_one);
 void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq);
+void rope_heads(Stream& s, Tensor& x, int n, int head_dim, const Tensor& pos, const Tensor& inv_freq);
 void act_mul(Stream& s, const Tensor& gate, const Tensor& up, Tensor& out, Activation act);
 void add(Stream& s, const Tensor& a, const Tensor& b, Tensor& out);
 void softcap(Stream& s, Tensor& x, float cap);
@@ -33,6 +38,7 @@ struct CacheAttendArgs {
   const float* q;
   const float* k;
   const float* v;
+  int64_t q_stride, k_stride, v_stride;  // elements between tokens
   float* out;
   int n_heads, n_kv_heads, head_dim;
   float scale, softcap;

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Per-kernel profile of one eager decode step on the GPU machine (Nsight Compute).
+
+Usage (repository root, GPU machine):
+  python3 bench/profile_step.py synthetic:llama3.2-1b [--prompt 512] [--kvgraph build/cuda/kvgraph]
+
+Runs `kvgraph bench --eager` under ncu (--clock-control none --cache-control none,
+so kernels see the clocks and warm L2 they see in a real run), picks the last
+complete decode step (from one embedding kernel to the next) and prints each
+kernel's time and DRAM read bandwidth, then the sum per kernel kind. ncu
+serialises kernels, so the sum excludes launch gaps: compare it with the step
+time `kvgraph bench` measures with graph replay to see what the gaps cost.
+"""
+import argparse, csv, io, subprocess, sys, collections
+
+ap = argparse.ArgumentParser()
+ap.add_argument("model")
+ap.add_argument("--prompt", type=int, default=512)
+ap.add_argument("--kvgraph", default="build/cuda/kvgraph")
+ap.add_argument("--ncu", default="ncu")
+ap.add_argument("--raw", help="also write ncu's CSV here")
+args = ap.parse_args()
+
+cmd = [args.ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none",
+       "--cache-control", "none", "--metrics", "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum",
+       "-k", "regex:^(?!fill_kernel).*",
+       args.kvgraph, "bench", "--device", "cuda", "--models", args.model, "--prompt", str(args.prompt),
+       "--chunk", str(args.prompt), "--new-tokens", "3", "--eager", "--quiet"]
+out = subprocess.run(cmd, capture_output=True, text=True)
+if out.returncode != 0:
+    sys.stderr.write(out.stderr[-4000:])
+    sys.exit(out.returncode)
+text = out.stdout
+if args.raw:
+    open(args.raw, "w").write(text)
+start = text.find('"ID"')
+rows = list(csv.DictReader(io.StringIO(text[start:])))
+rows = [r for r in rows if r.get("ID", "").isdigit()]
+
+def num(v):
+    return float(v.replace(",", ""))
+
+def short(name):
+    name = name.split("(")[0]
+    for p in ("void ", "kvgraph::cuda::", "<unnamed>::", "(anonymous namespace)::"):
+        name = name.replace(p, "")
+    return name[:48]
+
+emb = [i for i, r in enumerate(rows) if "embedding" in r["Kernel Name"]]
+if len(emb) < 3:
+    sys.exit(f"found {len(emb)} embedding kernels; need a complete decode step")
+step = rows[emb[-2]:emb[-1]]
+total = 0.0
+kinds = collections.OrderedDict()
+print(f"{args.model}: {len(step)} kernels in one eager decode step (prompt {args.prompt})")
+print(f"{'kernel':50s} {'grid':>16s} {'us':>8s} {'MB read':>9s} {'GB/s':>7s}")
+for r in step:
+    ns = num(r["gpu__time_duration.sum"])
+    rd = num(r["dram__bytes_read.sum"])
+    name = short(r["Kernel Name"])
+    total += ns
+    k = kinds.setdefault(name, [0, 0.0, 0.0])
+    k[0] += 1; k[1] += ns; k[2] += rd
+    print(f"{name:50s} {r['Grid Size']:>16s} {ns/1e3:8.2f} {rd/1e6:9.2f} {rd/ns if ns else 0:7.0f}")
+print()
+print(f"{'kind':50s} {'count':>6s} {'us':>9s} {'share':>6s} {'GB/s':>7s}")
+for name, (n, ns, rd) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
+    print(f"{name:50s} {n:6d} {ns/1e3:9.1f} {100*ns/total:5.1f}% {rd/ns:7.0f}")
+print(f"{'sum of kernel times':50s} {len(step):6d} {total/1e3:9.1f}")

@@ -1,0 +1,250 @@
+// The fused ops the decoder runs (norm prologue, gated and residual
+// epilogues, packed-row RoPE / q-k norms / attention) on the CPU backend,
+// against double-precision references and against the unfused ops.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kvgraph/cache/sequence_cache.h"
+#include "kvgraph/error.h"
+#include "kvgraph/ops.h"
+
+using namespace kvgraph;
+using ::testing::HasSubstr;
+
+namespace {
+
+std::vector<float> random_vec(size_t n, std::mt19937& rng, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+Tensor cpu_tensor(const std::vector<float>& v, std::vector<int64_t> shape) {
+  return Tensor::from_host(v.data(), std::move(shape), DType::F32, Device::CPU);
+}
+
+double rel_err(const std::vector<float>& got, const std::vector<double>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+std::vector<double> ref_norm(const float* x, const float* g, int K, double eps, bool plus_one) {
+  double ss = 0;
+  for (int k = 0; k < K; ++k) ss += double(x[k]) * x[k];
+  const double r = 1.0 / std::sqrt(ss / K + eps);
+  std::vector<double> h(K);
+  for (int k = 0; k < K; ++k) h[k] = x[k] * r * (plus_one ? 1.0 + g[k] : double(g[k]));
+  return h;
+}
+
+double ref_act(double g, Activation act) {
+  if (act == Activation::SiLU) return g / (1.0 + std::exp(-g));
+  return 0.5 * g * (1.0 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)));
+}
+
+struct LinearCase {
+  int T, N, K;
+  bool norm, plus_one, bias, residual, gated;
+  Activation act;
+};
+
+// out = [norm] x @ w^T + bias, then gate or residual, in double.
+std::vector<double> ref_linear(const LinearCase& c, const std::vector<float>& x, const std::vector<float>& w,
+                               const std::vector<float>& b, const std::vector<float>& g,
+                               const std::vector<float>& res) {
+  const int n_out = c.gated ? c.N / 2 : c.N;
+  std::vector<double> out(size_t(c.T) * n_out);
+  for (int t = 0; t < c.T; ++t) {
+    std::vector<double> h(x.begin() + size_t(t) * c.K, x.begin() + size_t(t + 1) * c.K);
+    if (c.norm) h = ref_norm(x.data() + size_t(t) * c.K, g.data(), c.K, 1e-5, c.plus_one);
+    std::vector<double> y(c.N);
+    for (int n = 0; n < c.N; ++n) {
+      double acc = c.bias ? b[n] : 0.0;
+      for (int k = 0; k < c.K; ++k) acc += h[k] * w[size_t(n) * c.K + k];
+      y[n] = acc;
+    }
+    for (int n = 0; n < n_out; ++n) {
+      double v = c.gated ? ref_act(y[2 * n], c.act) * y[2 * n + 1] : y[n];
+      if (c.residual) v += res[size_t(t) * n_out + n];
+      out[size_t(t) * n_out + n] = v;
+    }
+  }
+  return out;
+}
+
+TEST(FusedOps, LinearPrologueAndEpiloguesMatchDoubleReference) {
+  const std::vector<LinearCase> cases = {
+      {1, 24, 40, true, false, false, false, false, Activation::SiLU},
+      {3, 24, 40, true, true, true, false, false, Activation::SiLU},
+      {1, 16, 32, false, false, true, true, false, Activation::SiLU},
+      {4, 16, 32, true, false, false, true, false, Activation::SiLU},
+      {1, 32, 48, true, false, true, false, true, Activation::SiLU},
+      {5, 32, 48, true, true, false, false, true, Activation::GeluTanh},
+  };
+  std::mt19937 rng(7);
+  for (const LinearCase& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "T=" << c.T << " N=" << c.N << " K=" << c.K << " norm=" << c.norm
+                                      << " bias=" << c.bias << " residual=" << c.residual << " gated=" << c.gated);
+    const int n_out = c.gated ? c.N / 2 : c.N;
+    auto x = random_vec(size_t(c.T) * c.K, rng, -3.f, 3.f), w = random_vec(size_t(c.N) * c.K, rng);
+    auto b = random_vec(c.N, rng), g = random_vec(c.K, rng, 0.5f, 1.5f), res = random_vec(size_t(c.T) * n_out, rng);
+    const auto want = ref_linear(c, x, w, b, g, res);
+
+    Stream s(Device::CPU);
+    Tensor xt = cpu_tensor(x, {c.T, c.K}), wt = cpu_tensor(w, {c.N, c.K}), bt = cpu_tensor(b, {c.N});
+    Tensor gt = cpu_tensor(g, {c.K});
+    // The residual case writes into the residual itself (out aliases it), as the decoder does.
+    Tensor out = c.residual ? cpu_tensor(res, {c.T, n_out}) : Tensor::zeros({c.T, n_out}, DType::F32, Device::CPU);
+    ops::LinearOptions o;
+    if (c.bias) o.bias = &bt;
+    if (c.norm) {
+      o.norm = &gt;
+      o.norm_eps = 1e-5f;
+      o.norm_plus_one = c.plus_one;
+    }
+    o.gated = c.gated;
+    o.act = c.act;
+    if (c.residual) o.residual = &out;
+    ops::linear(s, xt, wt, out, o);
+    EXPECT_LT(rel_err(out.to_f32_vector(), want), 1e-5);
+    // x is an input only: the norm prologue must not normalise it in place.
+    EXPECT_EQ(xt.to_f32_vector(), x);
+  }
+}
+
+TEST(FusedOps, LinearRejectsBadFusions) {
+  Stream s(Device::CPU);
+  Tensor x = Tensor::zeros({1, 8}, DType::F32, Device::CPU), w = Tensor::zeros({6, 8}, DType::F32, Device::CPU);
+  Tensor w_odd = Tensor::zeros({5, 8}, DType::F32, Device::CPU), out3 = Tensor::zeros({1, 3}, DType::F32, Device::CPU);
+  Tensor out6 = Tensor::zeros({1, 6}, DType::F32, Device::CPU), g7 = Tensor::zeros({7}, DType::F32, Device::CPU);
+  auto msg = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  ops::LinearOptions gated;
+  gated.gated = true;
+  EXPECT_THAT(msg([&] { ops::linear(s, x, w_odd, out3, gated); }), HasSubstr("even N"));
+  gated.residual = &out3;
+  EXPECT_THAT(msg([&] { ops::linear(s, x, w, out3, gated); }), HasSubstr("no residual"));
+  ops::LinearOptions bad_norm;
+  bad_norm.norm = &g7;
+  EXPECT_THAT(msg([&] { ops::linear(s, x, w, out6, bad_norm); }), HasSubstr("norm must be [8]"));
+  EXPECT_THAT(msg([&] { ops::linear(s, x, w, out3, ops::LinearOptions{}); }), HasSubstr("out must be [1, 6]"));
+}
+
+TEST(FusedOps, RmsNormAddAccumulatesTheNormalisedRow) {
+  std::mt19937 rng(3);
+  const int rows = 3, D = 20;
+  auto x = random_vec(rows * D, rng, -2.f, 2.f), g = random_vec(D, rng), acc = random_vec(rows * D, rng);
+  std::vector<double> want(rows * D);
+  for (int r = 0; r < rows; ++r) {
+    auto h = ref_norm(x.data() + r * D, g.data(), D, 1e-6, true);
+    for (int d = 0; d < D; ++d) want[r * D + d] = acc[r * D + d] + h[d];
+  }
+  Stream s(Device::CPU);
+  Tensor xt = cpu_tensor(x, {rows, D}), gt = cpu_tensor(g, {D}), out = cpu_tensor(acc, {rows, D});
+  ops::rms_norm_add(s, xt, gt, out, 1e-6f, true);
+  EXPECT_LT(rel_err(out.to_f32_vector(), want), 1e-6);
+}
+
+TEST(FusedOps, PackedRowHeadOpsTouchOnlyTheirHeads) {
+  std::mt19937 rng(11);
+  const int T = 3, Hq = 4, Hkv = 2, hd = 8, W = (Hq + 2 * Hkv) * hd;
+  auto row = random_vec(size_t(T) * W, rng, -2.f, 2.f), g = random_vec(hd, rng);
+  std::vector<float> inv_freq(hd / 2);
+  for (int i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / hd);
+  const int32_t p0 = 37;
+  Stream s(Device::CPU);
+  Tensor packed = cpu_tensor(row, {T, W}), gt = cpu_tensor(g, {hd}), freq = cpu_tensor(inv_freq, {hd / 2});
+  Tensor pos = Tensor::from_host(&p0, {1}, DType::I32, Device::CPU);
+
+  // k heads only: q and v heads keep their bits.
+  ops::rms_norm_heads(s, packed, Hq, Hkv, hd, gt, 1e-6f, false);
+  auto after = packed.to_f32_vector();
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < W; ++i) {
+      const bool is_k = i >= Hq * hd && i < (Hq + Hkv) * hd;
+      if (!is_k) {
+        ASSERT_EQ(after[t * W + i], row[t * W + i]) << "t " << t << " i " << i;
+        continue;
+      }
+      const int h0 = (i / hd) * hd;
+      const double want = ref_norm(row.data() + t * W + h0, g.data(), hd, 1e-6, false)[i - h0];
+      ASSERT_NEAR(after[t * W + i], want, 1e-5);
+    }
+
+  // RoPE on the q and k heads of the packed row equals RoPE on a dense copy of them.
+  std::vector<float> dense(size_t(T) * (Hq + Hkv) * hd);
+  for (int t = 0; t < T; ++t)
+    std::copy_n(after.begin() + t * W, (Hq + Hkv) * hd, dense.begin() + t * (Hq + Hkv) * hd);
+  Tensor dt = cpu_tensor(dense, {T, Hq + Hkv, hd});
+  ops::rope(s, dt, pos, freq);
+  ops::rope_heads(s, packed, Hq + Hkv, hd, pos, freq);
+  auto roped = packed.to_f32_vector(), dense_roped = dt.to_f32_vector();
+  for (int t = 0; t < T; ++t)
+    for (int i = 0; i < W; ++i) {
+      const float want = i < (Hq + Hkv) * hd ? dense_roped[t * (Hq + Hkv) * hd + i] : after[t * W + i];
+      ASSERT_EQ(roped[t * W + i], want) << "t " << t << " i " << i;
+    }
+}
+
+TEST(FusedOps, PackedUpdateAndAttendEqualsSeparateTensors) {
+  std::mt19937 rng(5);
+  const int Hq = 6, Hkv = 2, hd = 16, W = (Hq + 2 * Hkv) * hd;
+  CacheConfig cfg;
+  cfg.storage = DType::BF16;
+  cfg.layers = {LayerSpec{Ring{5, 4}, Hq, Hkv, hd}, LayerSpec{Flat{32}, Hq, Hkv, hd}};
+  SequenceCache packed_cache(cfg), split_cache(cfg);
+  Stream s(Device::CPU);
+  int32_t p = 0;
+  Tensor pos = Tensor::from_host(&p, {1}, DType::I32, Device::CPU);
+  for (int T : {4, 1, 3, 1, 4, 1}) {
+    auto row = random_vec(size_t(T) * W, rng);
+    std::vector<float> q, k, v;
+    for (int t = 0; t < T; ++t) {
+      const float* r = row.data() + t * W;
+      q.insert(q.end(), r, r + Hq * hd);
+      k.insert(k.end(), r + Hq * hd, r + (Hq + Hkv) * hd);
+      v.insert(v.end(), r + (Hq + Hkv) * hd, r + W);
+    }
+    Tensor qkv = cpu_tensor(row, {T, W}), qt = cpu_tensor(q, {T, Hq, hd}), kt = cpu_tensor(k, {T, Hkv, hd});
+    Tensor vt = cpu_tensor(v, {T, Hkv, hd});
+    packed_cache.begin_step(s, pos, T);
+    split_cache.begin_step(s, pos, T);
+    for (int l = 0; l < 2; ++l) {
+      Tensor a = Tensor::zeros({T, Hq * hd}, DType::F32, Device::CPU);
+      Tensor b = Tensor::zeros({T, Hq, hd}, DType::F32, Device::CPU);
+      packed_cache.update_and_attend(s, l, qkv, a, AttendParams{0.25f, 0.f});
+      split_cache.update_and_attend(s, l, qt, kt, vt, b, AttendParams{0.25f, 0.f});
+      ASSERT_EQ(a.to_f32_vector(), b.to_f32_vector()) << "layer " << l << " at position " << p;
+    }
+    packed_cache.commit(T);
+    split_cache.commit(T);
+    p += T;
+    pos = Tensor::from_host(&p, {1}, DType::I32, Device::CPU);
+  }
+  Tensor wrong = Tensor::zeros({1, W - 1}, DType::F32, Device::CPU), out = Tensor::zeros({1, Hq * hd}, DType::F32, Device::CPU);
+  packed_cache.begin_step(s, pos, 1);
+  try {
+    packed_cache.update_and_attend(s, 0, wrong, out, AttendParams{});
+    FAIL() << "no error for a short qkv row";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("qkv must be f32 [1, 160]"));
+  }
+}
+
+}  // namespace
