@@ -47,18 +47,9 @@ void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const Line
 // out f32 [rows, D] += rms_norm(x) * w (Gemma's post-norms on the residual stream).
 void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);
 
-// In place, per-head RMSNorm (w f32 [head_dim]) of heads [first, first + n)
-// of every row of x f32 [T, W], W >= (first + n) * head_dim: the q/k norms of
-// a packed qkv row.
-void rms_norm_heads(Stream& s, Tensor& x, int first, int n, int head_dim, const Tensor& w, float eps,
-                    bool plus_one);
-
 // In place, rotate-half (NeoX/HF) RoPE on x f32 [T, H, head_dim]; token t is
 // at position pos[0] + t (pos: i32 [1], read when the op runs).
 void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq);
-// The same on heads [0, n) of every row of x f32 [T, W] (q and k heads of a
-// packed qkv row, which come first).
-void rope_heads(Stream& s, Tensor& x, int n, int head_dim, const Tensor& pos, const Tensor& inv_freq);
 
 // out f32 [T, F] = act(gate) * up.
 void act_mul(Stream& s, const Tensor& gate, const Tensor& up, Tensor& out, Activation act);

@@ -140,11 +140,22 @@ void SequenceCache::update_and_attend(Stream& stream, int layer, const Tensor& q
 
 void SequenceCache::attend(Stream& stream, int layer, Rows q, Rows k, Rows v, Tensor& out, AttendParams params) {
   const LayerSpec& l = config_.layers[layer];
+  auto vec = [&](const Tensor* t, int64_t n, const char* name) -> const float* {
+    if (!t) return nullptr;
+    if (t->dtype() != DType::F32 || t->numel() != n || t->device() != config_.device)
+      fail("update_and_attend", "layer {}: {} must be f32 [{}] on {}, got {} {}", layer, name, n,
+           device_name(config_.device), dtype_name(t->dtype()), t->shape_str());
+    return t->data<float>();
+  };
+  const float* q_norm = vec(params.q_norm, l.head_dim, "q_norm");
+  const float* k_norm = vec(params.k_norm, l.head_dim, "k_norm");
+  const float* inv_freq = vec(params.rope_inv_freq, l.head_dim / 2, "rope_inv_freq");
   if (config_.device == Device::CPU) {
     cpu::AttentionArgs a{&plans_[policy_of_layer_[layer]], l.policy.rule(), config_.storage,
                          k_[layer].raw(), v_[layer].raw(), q.p, k.p, v.p, out.data<float>(),
                          l.n_heads, l.n_kv_heads, l.head_dim, params.scale, params.softcap,
-                         q.stride, k.stride, v.stride};
+                         q.stride, k.stride, v.stride, q_norm, k_norm, params.norm_eps,
+                         params.norm_plus_one, inv_freq};
     stream.submit([a] { cpu::update_and_attend(a); });
     return;
   }
@@ -152,7 +163,8 @@ void SequenceCache::attend(Stream& stream, int layer, Rows q, Rows k, Rows v, Te
   cuda_ops::CacheAttendArgs a{step_pos_, step_T_, l.policy.rule(), config_.storage, k_[layer].raw(),
                               v_[layer].raw(), q.p, k.p, v.p, q.stride, k.stride, v.stride, out.data<float>(),
                               l.n_heads, l.n_kv_heads, l.head_dim, params.scale, params.softcap,
-                              l.policy.is_ring() ? l.policy.pool() : l.policy.capacity()};
+                              l.policy.is_ring() ? l.policy.pool() : l.policy.capacity(),
+                              q_norm, k_norm, params.norm_eps, params.norm_plus_one, inv_freq};
   cuda_ops::update_and_attend(stream, a);
 #else
   fail("update_and_attend", "has no implementation for device {}", device_name(config_.device));

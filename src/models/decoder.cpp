@@ -53,8 +53,8 @@ Workspace Model::make_workspace(int max_T, bool all_logits) const {
   return w;
 }
 
-// One step, in fused ops (a decode layer is 6 kernels on CUDA for Llama-like
-// models): [norm + QKV] -> RoPE on q and k -> update_and_attend -> [O +
+// One step, in fused ops (a decode layer is 5 kernels on CUDA for Llama-like
+// models): [norm + QKV] -> [q/k norm + RoPE + update_and_attend] -> [O +
 // residual] -> [norm + gate/up + act] -> [down + residual]. Gemma's sandwich
 // norms add a norm-and-accumulate after each block instead of the residual
 // epilogue. Each bracket is one op.
@@ -63,7 +63,6 @@ void Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor
   if (T < 1 || T > ws.max_T) fail("model", "step of {} tokens exceeds the workspace ({} tokens)", T, ws.max_T);
   if (all_logits && ws.logit_rows < T) fail("model", "workspace keeps only {} logit rows", ws.logit_rows);
   const ModelConfig& c = cfg_;
-  const int Hq = c.num_heads, Hkv = c.num_kv_heads, hd = c.head_dim;
   const float eps = c.rms_norm_eps;
   const bool plus1 = c.norm_weight_plus_one;
 
@@ -87,12 +86,15 @@ void Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor
     ops::LinearOptions qkv_o = normed(L.input_norm);
     qkv_o.bias = opt(L.qkv_bias);
     ops::linear(s, x, L.qkv_proj, qkv, qkv_o);
+    AttendParams ap{c.attention_scale(), c.attn_logit_softcap};
     if (c.qk_norm) {
-      ops::rms_norm_heads(s, qkv, 0, Hq, hd, L.q_norm, eps, plus1);
-      ops::rms_norm_heads(s, qkv, Hq, Hkv, hd, L.k_norm, eps, plus1);
+      ap.q_norm = &L.q_norm;
+      ap.k_norm = &L.k_norm;
+      ap.norm_eps = eps;
+      ap.norm_plus_one = plus1;
     }
-    ops::rope_heads(s, qkv, Hq + Hkv, hd, pos, sliding ? inv_freq_local_ : inv_freq_global_);
-    cache.update_and_attend(s, l, qkv, attn, AttendParams{c.attention_scale(), c.attn_logit_softcap});
+    ap.rope_inv_freq = sliding ? &inv_freq_local_ : &inv_freq_global_;
+    cache.update_and_attend(s, l, qkv, attn, ap);
     ops::LinearOptions o_o;
     o_o.bias = opt(L.o_bias);
     if (c.sandwich_norms) {

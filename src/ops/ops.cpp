@@ -126,38 +126,12 @@ void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, floa
   });
 }
 
-void rms_norm_heads(Stream& s, Tensor& x, int first, int n, int head_dim, const Tensor& w, float eps,
-                    bool plus_one) {
-  need_f32(x, "rms_norm_heads", "x");
-  need(w.numel() == head_dim, "rms_norm_heads", "w must be [head_dim]");
-  need(first >= 0 && n > 0 && x.rank() == 2 && x.dim(1) >= int64_t(first + n) * head_dim, "rms_norm_heads",
-       "heads out of the row");
-  if (s.device() == Device::CUDA) KV_CUDA_OP(rms_norm_heads, s, x, first, n, head_dim, w, eps, plus_one);
-  need_cpu_weight(w, "rms_norm_heads");
-  s.submit([xp = x.data<float>(), wp = w.data<float>(), T = x.dim(0), W = x.dim(1), first, n, head_dim, eps,
-            plus_one] {
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = xp + t * W + int64_t(first) * head_dim;
-      cpu::rms_norm(row, wp, row, n, head_dim, eps, plus_one);
-    }
-  });
-}
-
 void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq) {
   need_f32(x, "rope", "x");
   need(x.rank() == 3 && inv_freq.numel() * 2 == x.dim(2), "rope", "x must be [T, H, head_dim]");
   if (s.device() == Device::CUDA) KV_CUDA_OP(rope, s, x, pos, inv_freq);
   s.submit([xp = x.data<float>(), p = pos.data<int32_t>(), f = inv_freq.data<float>(), T = int(x.dim(0)),
             H = int(x.dim(1)), D = int(x.dim(2))] { cpu::rope(xp, *p, f, T, H, D); });
-}
-
-void rope_heads(Stream& s, Tensor& x, int n, int head_dim, const Tensor& pos, const Tensor& inv_freq) {
-  need_f32(x, "rope", "x");
-  need(x.rank() == 2 && n > 0 && x.dim(1) >= int64_t(n) * head_dim && inv_freq.numel() * 2 == head_dim, "rope",
-       "x must be [T, W] with n heads of head_dim in each row");
-  if (s.device() == Device::CUDA) KV_CUDA_OP(rope_heads, s, x, n, head_dim, pos, inv_freq);
-  s.submit([xp = x.data<float>(), p = pos.data<int32_t>(), f = inv_freq.data<float>(), T = int(x.dim(0)), n,
-            head_dim, W = x.dim(1)] { cpu::rope(xp, *p, f, T, n, head_dim, W); });
 }
 
 void act_mul(Stream& s, const Tensor& gate, const Tensor& up, Tensor& out, Activation act) {

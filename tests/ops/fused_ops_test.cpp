@@ -161,45 +161,59 @@ TEST(FusedOps, RmsNormAddAccumulatesTheNormalisedRow) {
   EXPECT_LT(rel_err(out.to_f32_vector(), want), 1e-6);
 }
 
-TEST(FusedOps, PackedRowHeadOpsTouchOnlyTheirHeads) {
+// The cache's prologue (q/k RMSNorm, then RoPE) equals running the norm and
+// RoPE ops first and attending without a prologue; the packed input is left
+// as it was.
+TEST(FusedOps, AttentionPrologueEqualsExplicitNormAndRope) {
   std::mt19937 rng(11);
-  const int T = 3, Hq = 4, Hkv = 2, hd = 8, W = (Hq + 2 * Hkv) * hd;
-  auto row = random_vec(size_t(T) * W, rng, -2.f, 2.f), g = random_vec(hd, rng);
+  const int Hq = 4, Hkv = 2, hd = 8, W = (Hq + 2 * Hkv) * hd;
+  auto gq = random_vec(hd, rng, 0.5f, 1.5f), gk = random_vec(hd, rng, 0.5f, 1.5f);
   std::vector<float> inv_freq(hd / 2);
   for (int i = 0; i < hd / 2; ++i) inv_freq[i] = std::pow(10000.f, -2.f * i / hd);
-  const int32_t p0 = 37;
+  Tensor qn = cpu_tensor(gq, {hd}), kn = cpu_tensor(gk, {hd}), freq = cpu_tensor(inv_freq, {hd / 2});
+  CacheConfig cfg;
+  cfg.storage = DType::F32;
+  cfg.layers = {LayerSpec{Ring{4, 3}, Hq, Hkv, hd}};
+  SequenceCache fused(cfg), explicit_ops(cfg);
   Stream s(Device::CPU);
-  Tensor packed = cpu_tensor(row, {T, W}), gt = cpu_tensor(g, {hd}), freq = cpu_tensor(inv_freq, {hd / 2});
-  Tensor pos = Tensor::from_host(&p0, {1}, DType::I32, Device::CPU);
-
-  // k heads only: q and v heads keep their bits.
-  ops::rms_norm_heads(s, packed, Hq, Hkv, hd, gt, 1e-6f, false);
-  auto after = packed.to_f32_vector();
-  for (int t = 0; t < T; ++t)
-    for (int i = 0; i < W; ++i) {
-      const bool is_k = i >= Hq * hd && i < (Hq + Hkv) * hd;
-      if (!is_k) {
-        ASSERT_EQ(after[t * W + i], row[t * W + i]) << "t " << t << " i " << i;
-        continue;
-      }
-      const int h0 = (i / hd) * hd;
-      const double want = ref_norm(row.data() + t * W + h0, g.data(), hd, 1e-6, false)[i - h0];
-      ASSERT_NEAR(after[t * W + i], want, 1e-5);
+  int32_t p = 0;
+  for (int T : {3, 1, 1, 2, 1, 3, 1}) {
+    Tensor pos = Tensor::from_host(&p, {1}, DType::I32, Device::CPU);
+    auto row = random_vec(size_t(T) * W, rng, -2.f, 2.f);
+    std::vector<float> q, k, v;
+    for (int t = 0; t < T; ++t) {
+      const float* r = row.data() + t * W;
+      q.insert(q.end(), r, r + Hq * hd);
+      k.insert(k.end(), r + Hq * hd, r + (Hq + Hkv) * hd);
+      v.insert(v.end(), r + (Hq + Hkv) * hd, r + W);
     }
+    Tensor qkv = cpu_tensor(row, {T, W}), qt = cpu_tensor(q, {T, Hq, hd}), kt = cpu_tensor(k, {T, Hkv, hd});
+    Tensor vt = cpu_tensor(v, {T, Hkv, hd});
+    Tensor q_rows = qt.reshape({int64_t(T) * Hq, hd}), k_rows = kt.reshape({int64_t(T) * Hkv, hd});
+    ops::rms_norm(s, q_rows, qn, q_rows, 1e-6f, true);
+    ops::rms_norm(s, k_rows, kn, k_rows, 1e-6f, true);
+    ops::rope(s, qt, pos, freq);
+    ops::rope(s, kt, pos, freq);
 
-  // RoPE on the q and k heads of the packed row equals RoPE on a dense copy of them.
-  std::vector<float> dense(size_t(T) * (Hq + Hkv) * hd);
-  for (int t = 0; t < T; ++t)
-    std::copy_n(after.begin() + t * W, (Hq + Hkv) * hd, dense.begin() + t * (Hq + Hkv) * hd);
-  Tensor dt = cpu_tensor(dense, {T, Hq + Hkv, hd});
-  ops::rope(s, dt, pos, freq);
-  ops::rope_heads(s, packed, Hq + Hkv, hd, pos, freq);
-  auto roped = packed.to_f32_vector(), dense_roped = dt.to_f32_vector();
-  for (int t = 0; t < T; ++t)
-    for (int i = 0; i < W; ++i) {
-      const float want = i < (Hq + Hkv) * hd ? dense_roped[t * (Hq + Hkv) * hd + i] : after[t * W + i];
-      ASSERT_EQ(roped[t * W + i], want) << "t " << t << " i " << i;
-    }
+    AttendParams with{0.3f, 0.f};
+    with.q_norm = &qn;
+    with.k_norm = &kn;
+    with.norm_eps = 1e-6f;
+    with.norm_plus_one = true;
+    with.rope_inv_freq = &freq;
+    Tensor a = Tensor::zeros({T, Hq * hd}, DType::F32, Device::CPU);
+    Tensor b = Tensor::zeros({T, Hq, hd}, DType::F32, Device::CPU);
+    fused.begin_step(s, pos, T);
+    fused.update_and_attend(s, 0, qkv, a, with);
+    explicit_ops.begin_step(s, pos, T);
+    explicit_ops.update_and_attend(s, 0, qt, kt, vt, b, AttendParams{0.3f, 0.f});
+    ASSERT_EQ(a.to_f32_vector(), b.to_f32_vector()) << "at position " << p;
+    ASSERT_EQ(qkv.to_f32_vector(), row) << "the prologue must not write its input";
+    fused.commit(T);
+    explicit_ops.commit(T);
+    p += T;
+  }
+  ASSERT_EQ(fused.k_pool(0).to_f32_vector(), explicit_ops.k_pool(0).to_f32_vector());
 }
 
 TEST(FusedOps, PackedUpdateAndAttendEqualsSeparateTensors) {

@@ -34,6 +34,15 @@ struct CacheConfig {
 struct AttendParams {
   float scale = 1.0f;    // applied to q.k
   float softcap = 0.0f;  // 0: none; else logits = softcap * tanh(logits / softcap)
+  // Prologue on every q head and every new k head, before the write and the
+  // products (the inputs are not modified): per-head RMSNorm when the weights
+  // are given (f32 [head_dim]; Qwen3 and Gemma 3 q/k norms), then rotate-half
+  // RoPE at the token's position when rope_inv_freq is (f32 [head_dim / 2]).
+  const Tensor* q_norm = nullptr;
+  const Tensor* k_norm = nullptr;
+  float norm_eps = 1e-6f;
+  bool norm_plus_one = false;
+  const Tensor* rope_inv_freq = nullptr;
 };
 
 class SequenceCache {

@@ -1,8 +1,12 @@
 #include "ops/cpu/attention.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <limits>
 #include <vector>
+
+#include "ops/cpu/kernels.h"
 
 namespace kvgraph::cpu {
 
@@ -35,6 +39,16 @@ void run(const AttentionArgs& a) {
   const int64_t k_stride = a.k_stride ? a.k_stride : int64_t(Hkv) * D;
   const int64_t v_stride = a.v_stride ? a.v_stride : int64_t(Hkv) * D;
 
+  // q / new k head after the prologue (a copy; the inputs stay as they are).
+  std::vector<float> head(D);
+  auto prologue = [&](const float* src, const float* norm, int32_t position) -> const float* {
+    if (!norm && !a.inv_freq) return src;
+    std::copy_n(src, D, head.begin());
+    if (norm) rms_norm(head.data(), norm, head.data(), 1, D, a.norm_eps, a.norm_plus_one);
+    if (a.inv_freq) rope(head.data(), position, a.inv_freq, 1, 1, D);
+    return head.data();
+  };
+
   // 1. Write the step's rows, run by run.
   int t = 0;
   for (int r = 0; r < p.n_write; ++r) {
@@ -43,7 +57,7 @@ void run(const AttentionArgs& a) {
       for (int h = 0; h < Hkv; ++h) {
         S* kd = K + (h * pool + run.slot + i) * D;
         S* vd = V + (h * pool + run.slot + i) * D;
-        const float* ks = a.k + t * k_stride + static_cast<int64_t>(h) * D;
+        const float* ks = prologue(a.k + t * k_stride + static_cast<int64_t>(h) * D, a.k_norm, p.position + t);
         const float* vs = a.v + t * v_stride + static_cast<int64_t>(h) * D;
         for (int d = 0; d < D; ++d) {
           kd[d] = store<S>(ks[d]);
@@ -62,7 +76,7 @@ void run(const AttentionArgs& a) {
     const int32_t lo = first_visible(a.rule, qpos);
     for (int h = 0; h < Hq; ++h) {
       const int hk = h / group;
-      const float* q = a.q + tq * q_stride + static_cast<int64_t>(h) * D;
+      const float* q = prologue(a.q + tq * q_stride + static_cast<int64_t>(h) * D, a.q_norm, qpos);
       float mx = -std::numeric_limits<float>::infinity();
       int j = 0;
       for (int r = 0; r < p.n_read; ++r) {

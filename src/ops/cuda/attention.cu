@@ -42,7 +42,47 @@ struct AttnArgs {
   float* part_ml;    // [Hq, ws_splits, 2]
   unsigned* counters;  // [Hkv * zgroups]
   bool fused_write;  // T == 1: this kernel writes the new row; reads of it use k/v directly
+  const float* q_norm;
+  const float* k_norm;
+  float norm_eps;
+  bool norm_plus_one;
+  const float* inv_freq;
+  bool prologue() const { return q_norm || k_norm || inv_freq; }
 };
+
+// Per-head RMSNorm (when w) then rotate-half RoPE (when inv_freq) of n head
+// rows of D floats in shared memory, in place, at position `pos`. Called by
+// every thread of the block (blockDim.x a multiple of 32); ends synchronised.
+// The same arithmetic as the rms_norm and rope kernels: a lane-strided sum of
+// squares reduced by warp_sum, precise cosf/sinf of one f32 angle.
+__device__ void head_prologue(float* rows, int n, int D, const float* w, float eps, bool plus_one,
+                              const float* inv_freq, int32_t pos) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
+  if (w) {
+    for (int g = warp; g < n; g += nw) {
+      float* r = rows + g * D;
+      float ss = 0.f;
+      for (int d = lane; d < D; d += 32) ss += r[d] * r[d];
+      ss = detail::warp_sum(ss);
+      const float inv = rsqrtf(ss / D + eps);
+      for (int d = lane; d < D; d += 32) r[d] = r[d] * inv * (plus_one ? 1.0f + w[d] : w[d]);
+    }
+    __syncthreads();
+  }
+  if (inv_freq) {
+    const int half = D / 2;
+    for (int i = threadIdx.x; i < n * half; i += blockDim.x) {
+      const int g = i / half, j = i % half;
+      const float ang = static_cast<float>(pos) * inv_freq[j];
+      const float c = cosf(ang), s = sinf(ang);
+      float* r = rows + g * D;
+      const float x0 = r[j], x1 = r[j + half];
+      r[j] = x0 * c - x1 * s;
+      r[j + half] = x1 * c + x0 * s;
+    }
+    __syncthreads();
+  }
+}
 
 template <typename S>
 __device__ __forceinline__ detail::Pack8<S> pack8_rounded(const float* src) {
@@ -69,7 +109,8 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
   __shared__ int s_last;
   const int D = a.D;
   float* q_s = smem;                                // [kMaxG, D]
-  float* red_o = q_s + kMaxG * D;                   // [kWarps, kMaxG, D]
+  float* k_s = q_s + kMaxG * D;                     // [D]: the new k row after the prologue (T == 1)
+  float* red_o = k_s + D;                           // [kWarps, kMaxG, D]
   float* red_ml = red_o + kWarps * kMaxG * D;       // [kWarps, kMaxG, 2]
 
   detail::griddep_launch_dependents();
@@ -105,23 +146,29 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
   const float* k_new = a.k + t * a.k_stride + size_t(h) * D;
   const float* v_new = a.v + t * a.v_stride + size_t(h) * D;
 
+  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    q_s[i] = g < Gz ? a.q[t * a.q_stride + size_t(hq0 + g) * D + d] : 0.f;
+  }
+  if (a.fused_write)
+    for (int d = threadIdx.x; d < D; d += kThreads) k_s[d] = k_new[d];
+  __syncthreads();
+  if (a.prologue()) {
+    head_prologue(q_s, Gz, D, a.q_norm, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
+    if (a.fused_write) head_prologue(k_s, 1, D, a.k_norm, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
+  }
+
   if (a.fused_write && split == 0 && zg == 0) {
     const int32_t slot = slot_of(a.rule, p);
     if (p >= 0 && slot < a.rule.pool) {
       S* kw = a.k_pool + (size_t(h) * a.rule.pool + slot) * D;
       S* vw = a.v_pool + (size_t(h) * a.rule.pool + slot) * D;
       for (int d = threadIdx.x; d < D; d += kThreads) {
-        kw[d] = detail::from_f32<S>(k_new[d]);
+        kw[d] = detail::from_f32<S>(k_s[d]);
         vw[d] = detail::from_f32<S>(v_new[d]);
       }
     }
   }
-
-  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    q_s[i] = g < Gz ? a.q[t * a.q_stride + size_t(hq0 + g) * D + d] : 0.f;
-  }
-  __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int GS = D / 8;       // lanes per key
@@ -151,7 +198,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
         kr[u] = pack8_zero<S>();
         vr[u] = pack8_zero<S>();
       } else if (a.fused_write && j == p) {  // the row this kernel is writing
-        kr[u] = pack8_rounded<S>(k_new + e0);
+        kr[u] = pack8_rounded<S>(k_s + e0);
         vr[u] = pack8_rounded<S>(v_new + e0);
       } else {
         const size_t off = size_t(slot_of(a.rule, j)) * D + e0;
@@ -301,13 +348,17 @@ __global__ void write_kv_kernel(AttnArgs<S> a) {
   const int t = blockIdx.x / a.Hkv, h = blockIdx.x % a.Hkv;
   const int32_t p = a.pos[0] + t;
   const int32_t slot = slot_of(a.rule, p);
-  if (p < 0 || slot >= a.rule.pool) return;  // the host validates capacity; never write out of bounds
+  if (p < 0 || slot >= a.rule.pool) return;  // block-uniform; the host validates capacity
   S* kw = a.k_pool + (size_t(h) * a.rule.pool + slot) * a.D;
   S* vw = a.v_pool + (size_t(h) * a.rule.pool + slot) * a.D;
   const float* kr = a.k + t * a.k_stride + size_t(h) * a.D;
   const float* vr = a.v + t * a.v_stride + size_t(h) * a.D;
+  __shared__ float k_s[256];
+  for (int d = threadIdx.x; d < a.D; d += blockDim.x) k_s[d] = kr[d];
+  __syncthreads();
+  head_prologue(k_s, 1, a.D, a.k_norm, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
   for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
-    kw[d] = detail::from_f32<S>(kr[d]);
+    kw[d] = detail::from_f32<S>(k_s[d]);
     vw[d] = detail::from_f32<S>(vr[d]);
   }
 }
@@ -350,12 +401,17 @@ AttnArgs<S> make_args(const AttentionParams& p) {
   a.G = p.n_q_heads / p.n_kv_heads;
   a.scale = p.scale;
   a.softcap = p.softcap;
+  a.q_norm = p.q_norm;
+  a.k_norm = p.k_norm;
+  a.norm_eps = p.norm_eps;
+  a.norm_plus_one = p.norm_plus_one;
+  a.inv_freq = p.rope_inv_freq;
   return a;
 }
 
 template <typename S, int kMaxG>
 void launch_attend(AttnArgs<S> a, int splits, cudaStream_t stream) {
-  const size_t smem = (size_t(kMaxG) * a.D * (1 + kWarps) + size_t(kWarps) * kMaxG * 2) * sizeof(float);
+  const size_t smem = (size_t(kMaxG) * a.D * (1 + kWarps) + a.D + size_t(kWarps) * kMaxG * 2) * sizeof(float);
   const int64_t nx = int64_t(a.T) * a.zgroups * a.Hkv;
   launch(attend_kernel<S, kMaxG>, dim3(static_cast<unsigned>(nx), splits), dim3(kThreads), smem, stream, a);
 }

@@ -173,6 +173,15 @@ struct AttentionParams {
   int head_dim = 0;          // power of two, 8..256
   float scale = 1.0f;        // applied to q.k
   float softcap = 0.0f;      // > 0: logits = softcap * tanh(logits / softcap), after scaling
+  // Prologue applied to every q head and every new k head, in this order,
+  // before the write and the products; q/k/v themselves are never modified.
+  // Per-head RMSNorm (Qwen3, Gemma 3 q/k norms), when the weights are given:
+  const float* q_norm = nullptr;   // f32 [head_dim] or null
+  const float* k_norm = nullptr;   // f32 [head_dim] or null
+  float norm_eps = 1e-6f;
+  bool norm_plus_one = false;      // Gemma: * (1 + w)
+  // Rotate-half RoPE at the token's position (as rope()), when given:
+  const float* rope_inv_freq = nullptr;  // f32 [head_dim / 2] or null
 };
 
 // Split-KV scratch for decode (T == 1): partial outputs, partial (max, sum)

@@ -108,34 +108,6 @@ void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, floa
   cuda::rms_norm(p, cs(s));
 }
 
-void rms_norm_heads(Stream& s, Tensor& x, int first, int n, int head_dim, const Tensor& w, float eps,
-                    bool plus_one) {
-  cuda::RmsNormParams p;
-  p.x = x.data<float>() + int64_t(first) * head_dim;
-  p.out = const_cast<float*>(p.x);
-  p.weight = w.raw();
-  p.weight_dtype = w.dtype();
-  p.tokens = x.dim(0);
-  p.heads = n;
-  p.dim = head_dim;
-  p.x_stride = p.out_stride = x.dim(1);
-  p.eps = eps;
-  p.plus_one = plus_one;
-  cuda::rms_norm(p, cs(s));
-}
-
-void rope_heads(Stream& s, Tensor& x, int n, int head_dim, const Tensor& pos, const Tensor& inv_freq) {
-  cuda::RopeParams p;
-  p.x = x.data<float>();
-  p.pos = pos.data<int32_t>();
-  p.inv_freq = inv_freq.data<float>();
-  p.T = static_cast<int>(x.dim(0));
-  p.n_heads = n;
-  p.head_dim = head_dim;
-  p.row_stride = x.dim(1);
-  cuda::rope(p, cs(s));
-}
-
 void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq) {
   cuda::rope(x.data<float>(), pos.data<int32_t>(), inv_freq.data<float>(), static_cast<int>(x.dim(0)),
              static_cast<int>(x.dim(1)), static_cast<int>(x.dim(2)), cs(s));
@@ -205,6 +177,11 @@ void update_and_attend(Stream& s, const CacheAttendArgs& a) {
   p.head_dim = a.head_dim;
   p.scale = a.scale;
   p.softcap = a.softcap;
+  p.q_norm = a.q_norm;
+  p.k_norm = a.k_norm;
+  p.norm_eps = a.norm_eps;
+  p.norm_plus_one = a.norm_plus_one;
+  p.rope_inv_freq = a.rope_inv_freq;
   cuda::update_and_attend(p, scratch(s).attn, cs(s));
 }
 

@@ -12,10 +12,7 @@ void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float ep
 void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out);
 void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const ops::LinearOptions& o);
 void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);
-void rms_norm_heads(Stream& s, Tensor& x, int first, int n, int head_dim, const Tensor& w, float eps,
-                    bool plus_one);
 void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq);
-void rope_heads(Stream& s, Tensor& x, int n, int head_dim, const Tensor& pos, const Tensor& inv_freq);
 void act_mul(Stream& s, const Tensor& gate, const Tensor& up, Tensor& out, Activation act);
 void add(Stream& s, const Tensor& a, const Tensor& b, Tensor& out);
 void softcap(Stream& s, Tensor& x, float cap);
@@ -43,6 +40,11 @@ struct CacheAttendArgs {
   int n_heads, n_kv_heads, head_dim;
   float scale, softcap;
   int32_t max_visible;  // most keys a query can see (pool size): sizes the split grid
+  const float* q_norm;  // prologue (see AttendParams), each may be null
+  const float* k_norm;
+  float norm_eps;
+  bool norm_plus_one;
+  const float* rope_inv_freq;
 };
 void update_and_attend(Stream& s, const CacheAttendArgs& a);
 
