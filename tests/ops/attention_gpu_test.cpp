@@ -39,12 +39,29 @@ struct Case {
   int max_splits = 8;
   int min_chunk = 4;
   bool fused_qkv = false;  // q, k, v as strided views of one [T, (Hq + 2 Hkv) * D] buffer
+  bool prologue = false;   // q/k RMSNorm (Gemma's 1 + w) and RoPE inside the kernel
 };
+
+// The prologue on the host, in f32 as the CPU backend does it: per-head
+// RMSNorm with (1 + w), then rotate-half RoPE at `pos`.
+void host_prologue(float* h, int D, const std::vector<float>& w, const std::vector<float>& inv_freq, int pos) {
+  double ss = 0;
+  for (int d = 0; d < D; ++d) ss += double(h[d]) * h[d];
+  const double r = 1.0 / std::sqrt(ss / D + 1e-6);
+  for (int d = 0; d < D; ++d) h[d] = float(h[d] * r * (1.0 + w[d]));
+  for (int i = 0; i < D / 2; ++i) {
+    const float ang = float(pos) * inv_freq[i];
+    const double c = std::cos(double(ang)), s = std::sin(double(ang));
+    const double a = h[i], b = h[i + D / 2];
+    h[i] = float(a * c - b * s);
+    h[i + D / 2] = float(b * c + a * s);
+  }
+}
 
 std::string describe(const Case& c) {
   return "Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) + " " +
          std::string(dtype_name(c.storage)) + (c.window ? " ring W=" + std::to_string(c.window) : " flat") +
-         (c.softcap > 0 ? " softcap" : "") + (c.fused_qkv ? " fused" : "");
+         (c.softcap > 0 ? " softcap" : "") + (c.fused_qkv ? " fused" : "") + (c.prologue ? " prologue" : "");
 }
 
 // The reference: full K/V history by absolute position, rounded like the pool.
@@ -105,6 +122,14 @@ class Runner {
         hist_{c.Hkv, c.D, c.storage, {}, {}} {
     KVGRAPH_CUDA_CHECK(cudaMemset(k_pool_.data(), 0xff, k_pool_.bytes()));  // NaN everywhere
     KVGRAPH_CUDA_CHECK(cudaMemset(v_pool_.data(), 0xff, v_pool_.bytes()));
+    if (c.prologue) {
+      gq_ = randn(c.D, 77);
+      gk_ = randn(c.D, 78);
+      for (int i = 0; i < c.D / 2; ++i) inv_freq_.push_back(std::pow(10000.f, -2.f * i / c.D));
+      d_gq_ = to_device(gq_);
+      d_gk_ = to_device(gk_);
+      d_freq_ = to_device(inv_freq_);
+    }
   }
 
   size_t bytes() const { return size_t(c_.Hkv) * pool_ * c_.D * dtype_size(c_.storage); }
@@ -152,10 +177,25 @@ class Runner {
     p.head_dim = D;
     p.scale = c_.scale_mult / std::sqrt(float(D));
     p.softcap = c_.softcap;
+    if (c_.prologue) {
+      p.q_norm = d_gq_.as<float>();
+      p.k_norm = d_gk_.as<float>();
+      p.norm_plus_one = true;
+      p.rope_inv_freq = d_freq_.as<float>();
+    }
     update_and_attend(p, ws_, stream_.get());
     advance_position(pos_.as<int32_t>(), T, stream_.get());
     out_ = to_host<float>(dout, size_t(T) * Hq * D);
 
+    if (c_.prologue) {  // the reference sees q and k after the prologue
+      std::vector<float>& qv = c_.fused_qkv ? qkv : q;
+      std::vector<float>& kv = c_.fused_qkv ? qkv : k;
+      const int64_t k0 = c_.fused_qkv ? int64_t(Hq) * D : 0;
+      for (int t = 0; t < T; ++t) {
+        for (int h = 0; h < Hq; ++h) host_prologue(&qv[t * qs + h * D], D, gq_, inv_freq_, length_ + t);
+        for (int h = 0; h < Hkv; ++h) host_prologue(&kv[k0 + t * ks + h * D], D, gk_, inv_freq_, length_ + t);
+      }
+    }
     const float* qh = c_.fused_qkv ? qkv.data() : q.data();
     if (c_.fused_qkv)
       hist_.append(std::vector<float>(qkv.begin() + int64_t(Hq) * D, qkv.end()),
@@ -183,6 +223,8 @@ class Runner {
   DeviceBuffer k_pool_, v_pool_, pos_;
   AttentionWorkspace ws_;
   History hist_;
+  std::vector<float> gq_, gk_, inv_freq_;
+  DeviceBuffer d_gq_, d_gk_, d_freq_;
   int32_t length_ = 0;
   std::vector<float> out_;
 };
@@ -322,6 +364,26 @@ TEST(CudaAttention, StridedViewsOfAFusedQkvBuffer) {
     EXPECT_LT(r.step(6, 1), kTol) << describe(c);
     for (int i = 0; i < 12; ++i) ASSERT_LT(r.step(1 + i % 2 * 5, 2 + i), kTol) << describe(c);
   }
+}
+
+TEST(CudaAttention, QkNormAndRopePrologueMatchesHostReference) {
+  SKIP_WITHOUT_GPU();
+  for (int D : {64, 256})
+    for (int window : {0, 8}) {
+      Case c;
+      c.D = D;
+      c.Hq = D == 256 ? 4 : 14;
+      c.Hkv = D == 256 ? 1 : 2;
+      c.fused_qkv = D == 64;
+      c.prologue = true;
+      c.window = window;
+      c.max_write = 6;
+      c.capacity = 64;
+      c.storage = DType::F32;
+      Runner r(c);
+      EXPECT_LT(r.step(6, 1), kTol) << describe(c);
+      for (int i = 0; i < 12; ++i) ASSERT_LT(r.step(1 + i % 2 * 5, 2 + i), kTol) << describe(c);
+    }
 }
 
 TEST(CudaAttention, LongFlatContextWithManySplits) {

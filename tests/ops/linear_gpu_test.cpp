@@ -1,6 +1,7 @@
 // CUDA linear: the T == 1 GEMV (vector and scalar paths, bias, residual,
 // gated epilogue, graph capture) and the T > 1 cuBLAS path, against a CPU
-// loop; plus a bandwidth report of the GEMV on decode-sized shapes.
+// loop, each also with the RMSNorm prologue; plus a bandwidth report of the
+// GEMV on decode-sized shapes.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -156,6 +157,189 @@ TEST_F(CudaLinear, GemvIsDeterministicAndCapturable) {
     s.synchronize();
     EXPECT_EQ(to_host<float>(out2, N), eager);
   }
+}
+
+// ---------------------------------------------------------------- RMSNorm prologue
+
+// h [T, K] = rms_norm(x) in double: x * rsqrt(mean(x^2) + eps) * g, g = norm or 1 + norm.
+std::vector<float> ref_rms_norm(const std::vector<float>& x, const std::vector<float>& norm, float eps,
+                                bool plus_one, int T, int K) {
+  std::vector<float> h(size_t(T) * K);
+  for (int t = 0; t < T; ++t) {
+    const float* xr = &x[size_t(t) * K];
+    double ss = 0;
+    for (int k = 0; k < K; ++k) ss += double(xr[k]) * xr[k];
+    const double inv = 1.0 / std::sqrt(ss / K + double(eps));
+    for (int k = 0; k < K; ++k) {
+      const double g = plus_one ? 1.0 + double(norm[k]) : double(norm[k]);
+      h[size_t(t) * K + k] = float(double(xr[k]) * inv * g);
+    }
+  }
+  return h;
+}
+
+// linear with p.norm set vs rms_norm-then-linear on the CPU. norm_offset = 1
+// passes a norm pointer that is not 16-byte aligned (T == 1: scalar path).
+void check_norm_linear(int T, int N, int K, DType dt, Epi epi, bool plus_one, GemmContext* gemm, double tol,
+                       int norm_offset = 0) {
+  SCOPED_TRACE(testing::Message() << "T=" << T << " N=" << N << " K=" << K << " w=" << dtype_name(dt)
+                                  << " epi=" << int(epi) << " plus_one=" << plus_one
+                                  << " norm_offset=" << norm_offset);
+  // Not unit scale, so a missing or wrong normalisation shows.
+  auto x = randn(size_t(T) * K, 11 + N + K, 3.0f);
+  auto norm = randn(size_t(K) + norm_offset, 12 + K, 0.3f);
+  if (!plus_one)
+    for (auto& v : norm) v += 1.0f;
+  const std::vector<float> norm_used(norm.begin() + norm_offset, norm.end());
+  Weights w(randn(size_t(N) * K, 13 + N, 1.0f / std::sqrt(float(K))), dt);
+  Weights b(randn(N, 14 + N), dt);
+  auto res = randn(size_t(T) * N, 15 + N);
+  const Gate gate = epi == Epi::silu ? Gate::silu : epi == Epi::gelu ? Gate::gelu_tanh : Gate::none;
+  const bool has_bias = epi == Epi::bias || epi == Epi::bias_and_residual || gate != Gate::none;
+  const bool has_res = epi == Epi::residual || epi == Epi::residual_in_place || epi == Epi::bias_and_residual;
+  const size_t n_out = gate != Gate::none ? size_t(T) * N / 2 : size_t(T) * N;
+  const float eps = 1e-5f;
+
+  auto dx = to_device(x), dres = to_device(res), dnorm = to_device(norm);
+  DeviceBuffer out(n_out * 4);
+  LinearParams p;
+  p.x = dx.as<float>();
+  p.w = w.dev.data();
+  p.w_dtype = dt;
+  p.bias = has_bias ? b.dev.data() : nullptr;
+  p.residual = has_res ? dres.as<float>() : nullptr;
+  p.out = epi == Epi::residual_in_place ? dres.as<float>() : out.as<float>();
+  p.T = T;
+  p.N = N;
+  p.K = K;
+  p.gate = gate;
+  p.norm = dnorm.as<float>() + norm_offset;
+  p.norm_eps = eps;
+  p.norm_plus_one = plus_one;
+  linear(p, gemm, nullptr);
+  auto got = to_host<float>(epi == Epi::residual_in_place ? dres : out, n_out);
+  EXPECT_EQ(to_host<float>(dx, x.size()), x) << "x was modified";
+
+  // T > 1 with bf16 weights rounds the normalised rows to bf16 before the GEMM.
+  auto h = ref_rms_norm(x, norm_used, eps, plus_one, T, K);
+  if (T > 1 && dt == DType::BF16) h = bf16_round(h);
+  auto want = ref_linear(h, w.ref, has_bias ? &b.ref : nullptr, has_res ? &res : nullptr, gate, T, N, K);
+  EXPECT_LT(norm_err(got, want), tol);
+}
+
+TEST_F(CudaLinear, GemvNormPrologueMatchesCpu) {
+  // (N, K): warp per pair (896), block per pair (2048), scalar fallback (30:
+  // not a multiple of the vector width), odd N on a short row.
+  const int shapes[][2] = {{46, 896}, {128, 2048}, {10, 30}, {33, 1000}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (bool plus_one : {false, true}) {
+      for (auto& s : shapes) check_norm_linear(1, s[0], s[1], dt, Epi::none, plus_one, nullptr, 1e-4);
+      for (Epi e : {Epi::bias, Epi::residual, Epi::residual_in_place, Epi::bias_and_residual, Epi::silu, Epi::gelu}) {
+        check_norm_linear(1, 46, 896, dt, e, plus_one, nullptr, 1e-4);
+        check_norm_linear(1, 128, 2048, dt, e, plus_one, nullptr, 1e-4);
+        check_norm_linear(1, 10, 30, dt, e, plus_one, nullptr, 1e-4);
+      }
+      // A norm pointer that is not 16-byte aligned takes the scalar path.
+      check_norm_linear(1, 64, 2048, dt, Epi::bias_and_residual, plus_one, nullptr, 1e-4, 1);
+    }
+}
+
+TEST_F(CudaLinear, PrefillNormPrologueMatchesCpu) {
+  GemmContext gemm;
+  for (bool plus_one : {false, true})
+    for (Epi e : {Epi::none, Epi::bias, Epi::residual, Epi::residual_in_place, Epi::silu, Epi::gelu}) {
+      for (int K : {30, 896, 2048}) {
+        check_norm_linear(5, 96, K, DType::F32, e, plus_one, &gemm, 1e-4);
+        // bf16: the normalised x is rounded to bf16 in the reference too.
+        check_norm_linear(5, 96, K, DType::BF16, e, plus_one, &gemm, 1e-3);
+      }
+      check_norm_linear(2, 200, 1000, DType::BF16, e, plus_one, &gemm, 1e-3);
+    }
+}
+
+// The T > 1 norm scratch comes from reserve(), so a prefill step with the
+// prologue can be captured (ensure() refuses to allocate during capture).
+TEST_F(CudaLinear, PrefillNormPrologueIsCapturableAfterReserve) {
+  const int T = 5, N = 96, K = 896;
+  for (DType dt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    GemmContext gemm;
+    gemm.reserve(T, K);
+    auto x = randn(size_t(T) * K, 21, 2.0f);
+    auto norm = randn(K, 22, 0.3f);
+    Weights w(randn(size_t(N) * K, 23, 1.0f / std::sqrt(float(K))), dt);
+    auto dx = to_device(x), dnorm = to_device(norm);
+    DeviceBuffer out(size_t(T) * N * 4);
+    LinearParams p;
+    p.x = dx.as<float>();
+    p.w = w.dev.data();
+    p.w_dtype = dt;
+    p.out = out.as<float>();
+    p.T = T;
+    p.N = N;
+    p.K = K;
+    p.norm = dnorm.as<float>();
+    p.norm_plus_one = true;
+
+    CudaStream s;
+    linear(p, &gemm, s.get());  // warm-up (module loading, cuBLAS setup) outside the capture
+    s.synchronize();
+    out.zero();
+    CudaGraph g;
+    g.begin_capture(s.get());
+    linear(p, &gemm, s.get());
+    g.end_capture();
+    g.launch(s.get());
+    s.synchronize();
+    auto h = ref_rms_norm(x, norm, p.norm_eps, true, T, K);
+    if (dt == DType::BF16) h = bf16_round(h);
+    auto want = ref_linear(h, w.ref, nullptr, nullptr, Gate::none, T, N, K);
+    EXPECT_LT(norm_err(to_host<float>(out, size_t(T) * N), want), dt == DType::BF16 ? 1e-3 : 1e-4);
+  }
+}
+
+// The prologue's reductions (sum of squares and dot products) run in a fixed
+// order: two eager runs and graph replays agree bit for bit, on every GEMV variant.
+TEST_F(CudaLinear, GemvNormPrologueIsDeterministic) {
+  const int shapes[][2] = {{1024, 2048}, {512, 896}, {64, 30}};
+  for (DType dt : {DType::F32, DType::BF16})
+    for (auto& sh : shapes) {
+      const int N = sh[0], K = sh[1];
+      SCOPED_TRACE(testing::Message() << "N=" << N << " K=" << K << " w=" << dtype_name(dt));
+      auto x = randn(K, 31 + K, 2.0f);
+      auto norm = randn(K, 32 + K, 0.3f);
+      Weights w(randn(size_t(N) * K, 33 + N, 1.0f / std::sqrt(float(K))), dt);
+      Weights b(randn(N, 34 + N), dt);
+      auto dx = to_device(x), dnorm = to_device(norm);
+      DeviceBuffer out(size_t(N) * 4), out2(size_t(N) * 4);
+      LinearParams p;
+      p.x = dx.as<float>();
+      p.w = w.dev.data();
+      p.w_dtype = dt;
+      p.bias = b.dev.data();
+      p.out = out.as<float>();
+      p.N = N;
+      p.K = K;
+      p.norm = dnorm.as<float>();
+      p.norm_plus_one = true;
+      linear(p, nullptr, nullptr);
+      auto first = to_host<float>(out, N);
+      p.out = out2.as<float>();
+      linear(p, nullptr, nullptr);
+      EXPECT_EQ(to_host<float>(out2, N), first);
+
+      CudaStream s;
+      CudaGraph g;
+      out2.zero();
+      g.begin_capture(s.get());
+      linear(p, nullptr, s.get());
+      g.end_capture();
+      for (int i = 0; i < 2; ++i) {
+        g.launch(s.get());
+        s.synchronize();
+        EXPECT_EQ(to_host<float>(out2, N), first);
+      }
+    }
 }
 
 // Decode-shaped GEMVs: achieved weight-read bandwidth vs the streaming-read

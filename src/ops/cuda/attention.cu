@@ -47,7 +47,7 @@ struct AttnArgs {
   float norm_eps;
   bool norm_plus_one;
   const float* inv_freq;
-  bool prologue() const { return q_norm || k_norm || inv_freq; }
+  __device__ bool prologue() const { return q_norm || k_norm || inv_freq; }
 };
 
 // Per-head RMSNorm (when w) then rotate-half RoPE (when inv_freq) of n head

@@ -1,6 +1,8 @@
-// linear: out = x @ w^T (+ bias) (+ residual), or gated (act(gate) * up).
-//   T == 1: our own bandwidth-bound GEMV (graph-capturable, no allocation).
-//   T  > 1: cuBLAS GEMM, then a small epilogue kernel.
+// linear: out = x @ w^T (+ bias) (+ residual), or gated (act(gate) * up),
+// optionally with x RMS-normalised first (LinearParams::norm).
+//   T == 1: our own bandwidth-bound GEMV (graph-capturable, no allocation);
+//           the norm is folded in (template flag kNorm).
+//   T  > 1: (norm into scratch,) cuBLAS GEMM, then a small epilogue kernel.
 #include <cublas_v2.h>
 
 #include <string>
@@ -28,6 +30,11 @@ struct GemvArgs {
   float* out;         // [N], or [N / 2] with a gate
   int N, K;
   Gate gate;
+  // RMSNorm prologue (kernels instantiated with kNorm only): g_k = norm_add + norm[k],
+  // norm_add = 1 for plus_one, else 0 (0 + g == g up to the sign of a zero, so one add serves both).
+  const float* norm;  // f32 [K]
+  float norm_add;
+  float norm_eps;
 };
 
 __device__ __forceinline__ float gate_act(float g, Gate gate) {
@@ -96,13 +103,58 @@ __device__ __forceinline__ float dot16(uint4 w, const float* x, float acc, float
   return acc;
 }
 
+// Norm prologue: h = x * g for the kN values of one weight vector (x and g
+// 16-byte aligned), returns ss + sum(x^2). x is read once per vector and h
+// serves both rows. x: plain loads (see dot16); g is constant, plain is fine.
+template <int kN>
+__device__ __forceinline__ float load_normed(const float* x, const float* g, float g_add, float (&h)[kN], float ss) {
+#pragma unroll
+  for (int i = 0; i < kN; i += 4) {
+    const float4 xv = *reinterpret_cast<const float4*>(x + i);
+    const float4 gv = *reinterpret_cast<const float4*>(g + i);
+    ss = fmaf(xv.x, xv.x, ss);
+    ss = fmaf(xv.y, xv.y, ss);
+    ss = fmaf(xv.z, xv.z, ss);
+    ss = fmaf(xv.w, xv.w, ss);
+    h[i] = xv.x * (g_add + gv.x);
+    h[i + 1] = xv.y * (g_add + gv.y);
+    h[i + 2] = xv.z * (g_add + gv.z);
+    h[i + 3] = xv.w * (g_add + gv.w);
+  }
+  return ss;
+}
+
+// acc += dot(16 bytes of weights, the matching h values in registers).
+__device__ __forceinline__ float dot16_h(uint4 w, const float (&h)[8], float acc, detail::bf16) {
+  acc = fmaf(__uint_as_float(w.x << 16), h[0], acc);
+  acc = fmaf(__uint_as_float(w.x & 0xffff0000u), h[1], acc);
+  acc = fmaf(__uint_as_float(w.y << 16), h[2], acc);
+  acc = fmaf(__uint_as_float(w.y & 0xffff0000u), h[3], acc);
+  acc = fmaf(__uint_as_float(w.z << 16), h[4], acc);
+  acc = fmaf(__uint_as_float(w.z & 0xffff0000u), h[5], acc);
+  acc = fmaf(__uint_as_float(w.w << 16), h[6], acc);
+  acc = fmaf(__uint_as_float(w.w & 0xffff0000u), h[7], acc);
+  return acc;
+}
+__device__ __forceinline__ float dot16_h(uint4 w, const float (&h)[4], float acc, float) {
+  acc = fmaf(__uint_as_float(w.x), h[0], acc);
+  acc = fmaf(__uint_as_float(w.y), h[1], acc);
+  acc = fmaf(__uint_as_float(w.z), h[2], acc);
+  acc = fmaf(__uint_as_float(w.w), h[3], acc);
+  return acc;
+}
+
 // GEMV with 16-byte weight loads. A group of kTPR threads (a warp, or the
 // whole block) computes two adjacent rows; thread i of a group reads vectors
 // i, i + kTPR, ... of both rows, kUnroll iterations of loads issued before any
 // use. The first batch of weight loads is issued before waiting for the
 // previous kernel (PDL): weights never depend on it.
-// Requires K % (16 / sizeof(W)) == 0 and 16-byte aligned w and x.
-template <typename W, int kTPR, int kUnroll>
+// kNorm: the RMSNorm prologue. Every group re-reduces the whole x (it reads
+// all of x for its dot products anyway): sum(w * x * g) and sum(x^2) side by
+// side, reduced in the same fixed order, and the dot products are scaled by
+// rsqrt(mean(x^2) + eps) before the epilogue. kNorm == false is the plain GEMV.
+// Requires K % (16 / sizeof(W)) == 0 and 16-byte aligned w and x (and norm).
+template <typename W, int kTPR, int kUnroll, bool kNorm>
 __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
   constexpr int kVE = 16 / sizeof(W);  // elements per 16-byte vector
   constexpr int kGroups = kBlock / kTPR;
@@ -115,7 +167,7 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
   const uint64_t pol = evict_first_policy();
   detail::griddep_launch_dependents();
 
-  float acc0 = 0.f, acc1 = 0.f;
+  float acc0 = 0.f, acc1 = 0.f, ss = 0.f;
   bool waited = false;
   for (int base = 0; base < nvec; base += kTPR * kUnroll) {
     uint4 r0[kUnroll], r1[kUnroll];
@@ -133,9 +185,16 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = base + u * kTPR + tig;
       if (vi < nvec) {
-        const float* xv = a.x + size_t(vi) * kVE;
-        acc0 = dot16(r0[u], xv, acc0, W{});
-        acc1 = dot16(r1[u], xv, acc1, W{});
+        if constexpr (kNorm) {
+          float h[kVE];
+          ss = load_normed(a.x + size_t(vi) * kVE, a.norm + size_t(vi) * kVE, a.norm_add, h, ss);
+          acc0 = dot16_h(r0[u], h, acc0, W{});
+          acc1 = dot16_h(r1[u], h, acc1, W{});
+        } else {
+          const float* xv = a.x + size_t(vi) * kVE;
+          acc0 = dot16(r0[u], xv, acc0, W{});
+          acc1 = dot16(r1[u], xv, acc1, W{});
+        }
       }
     }
   }
@@ -143,32 +202,41 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
 
   acc0 = detail::warp_sum(acc0);
   acc1 = detail::warp_sum(acc1);
+  if constexpr (kNorm) ss = detail::warp_sum(ss);
   if constexpr (kTPR > 32) {
     constexpr int kWarps = kTPR / 32;
-    __shared__ float red[kBlock / 32][2];
+    __shared__ float red[kBlock / 32][kNorm ? 3 : 2];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) {
       red[warp][0] = acc0;
       red[warp][1] = acc1;
+      if constexpr (kNorm) red[warp][2] = ss;
     }
     __syncthreads();
     if (tig != 0) return;
     acc0 = 0.f;
     acc1 = 0.f;
+    ss = 0.f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {  // fixed order: deterministic
       acc0 += red[group * kWarps + w][0];
       acc1 += red[group * kWarps + w][1];
+      if constexpr (kNorm) ss += red[group * kWarps + w][2];
     }
   } else {
     if (tig != 0) return;
+  }
+  if constexpr (kNorm) {  // scale before bias / residual / gate
+    const float inv = rsqrtf(ss / a.K + a.norm_eps);
+    acc0 *= inv;
+    acc1 *= inv;
   }
   gemv_epilogue(a, n0, acc0, acc1);
 }
 
 // Fallback for unaligned pointers or K not a multiple of the vector width:
-// one warp per pair of rows, scalar loads.
-template <typename W>
+// one warp per pair of rows, scalar loads. kNorm as in gemv_kernel.
+template <typename W, bool kNorm>
 __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
   detail::griddep_launch_dependents();
   detail::griddep_wait();
@@ -177,32 +245,42 @@ __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
   const bool ok0 = n0 < a.N, ok1 = n0 + 1 < a.N;
   const W* w0 = a.w + size_t(ok0 ? n0 : 0) * a.K;
   const W* w1 = a.w + size_t(ok1 ? n0 + 1 : 0) * a.K;
-  float acc0 = 0.f, acc1 = 0.f;
+  float acc0 = 0.f, acc1 = 0.f, ss = 0.f;
   for (int k = lane; k < a.K; k += 32) {
-    const float xk = a.x[k];
+    float xk = a.x[k];
+    if constexpr (kNorm) {
+      ss = fmaf(xk, xk, ss);
+      xk *= a.norm_add + a.norm[k];
+    }
     if (ok0) acc0 = fmaf(detail::to_f32(w0[k]), xk, acc0);
     if (ok1) acc1 = fmaf(detail::to_f32(w1[k]), xk, acc1);
   }
   acc0 = detail::warp_sum(acc0);
   acc1 = detail::warp_sum(acc1);
+  if constexpr (kNorm) {
+    const float inv = rsqrtf(detail::warp_sum(ss) / a.K + a.norm_eps);
+    acc0 *= inv;
+    acc1 *= inv;
+  }
   if (lane == 0) gemv_epilogue(a, n0, acc0, acc1);
 }
 
-template <typename W>
+template <typename W, bool kNorm>
 void launch_gemv(const GemvArgs<W>& a, cudaStream_t stream) {
   constexpr int kVE = 16 / sizeof(W);
   const bool aligned = a.K % kVE == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 &&
-                       reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+                       reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
+                       (!kNorm || reinterpret_cast<uintptr_t>(a.norm) % 16 == 0);
   const int pairs = (a.N + 1) / 2;
   if (!aligned) {
-    launch(gemv_scalar_kernel<W>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
+    launch(gemv_scalar_kernel<W, kNorm>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
     return;
   }
   const int nvec = a.K / kVE;
   if (nvec >= 2 * kBlock) {  // long rows: the whole block on one pair of rows
-    launch(gemv_kernel<W, kBlock, 2>, dim3(pairs), dim3(kBlock), 0, stream, a);
+    launch(gemv_kernel<W, kBlock, 2, kNorm>, dim3(pairs), dim3(kBlock), 0, stream, a);
   } else {  // short rows: one warp per pair of rows
-    launch(gemv_kernel<W, 32, 4>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
+    launch(gemv_kernel<W, 32, 4, kNorm>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
   }
 }
 
@@ -213,6 +291,33 @@ __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
   detail::griddep_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) y[i] = kvgraph::f32_to_bf16(x[i]);
+}
+
+// The norm prologue for T > 1: y [T, K] (O: f32, or bf16 rounded to nearest
+// even for the bf16 GEMM, replacing to_bf16_kernel) = x * rsqrt(mean(x^2) +
+// eps) * (g_add + g), as rms_norm_kernel computes it. One block per row, fixed
+// reduction order (deterministic).
+template <typename O>
+__global__ void norm_rows_kernel(const float* x, const float* g, float g_add, float eps, O* y, int K) {
+  __shared__ float red[32];
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  const float* xr = x + int64_t(blockIdx.x) * K;
+  O* yr = y + int64_t(blockIdx.x) * K;
+  float ss = 0.f;
+  for (int k = threadIdx.x; k < K; k += blockDim.x) {
+    const float v = xr[k];
+    ss = fmaf(v, v, ss);
+  }
+  ss = detail::block_sum(ss, red);
+  const float inv = rsqrtf(ss / K + eps);
+  for (int k = threadIdx.x; k < K; k += blockDim.x) yr[k] = detail::from_f32<O>(xr[k] * inv * (g_add + g[k]));
+}
+
+// Threads for norm_rows_kernel: about 4 values per thread, 32..1024.
+unsigned norm_rows_threads(int K) {
+  const int n = (K / 4 + 31) / 32 * 32;
+  return static_cast<unsigned>(n < 32 ? 32 : n > 1024 ? 1024 : n);
 }
 
 // out [T, N] += bias [N]
@@ -252,6 +357,7 @@ struct GemmContext::Impl {
   cublasHandle_t handle = nullptr;
   DeviceBuffer workspace{kCublasWorkspace};
   DeviceBuffer x_bf16;  // bf16 [T, K]
+  DeviceBuffer x_norm;  // f32 [T, K] (f32 weights with a norm prologue)
   DeviceBuffer y;       // f32 [T, N] (gated epilogue)
 
   // Grows `buf` to `bytes`; not allowed while the stream is being captured.
@@ -284,6 +390,7 @@ GemmContext::~GemmContext() {
 void GemmContext::reserve(int64_t max_tokens, int64_t max_dim) {
   const size_t n = size_t(max_tokens) * size_t(max_dim);
   if (impl_->x_bf16.bytes() < n * 2) impl_->x_bf16 = DeviceBuffer(n * 2);
+  if (impl_->x_norm.bytes() < n * 4) impl_->x_norm = DeviceBuffer(n * 4);
   if (impl_->y.bytes() < n * 4) impl_->y = DeviceBuffer(n * 4);
 }
 
@@ -295,12 +402,17 @@ void linear(const LinearParams& p, GemmContext* gemm, cudaStream_t stream) {
   if (p.gate != Gate::none && (p.N % 2 || p.residual))
     fail_op("linear", "a gated linear needs an even N and no residual");
 
+  const float norm_add = p.norm_plus_one ? 1.0f : 0.0f;
+
   dispatch_weight(p.w_dtype, "linear", [&](auto tag) {
     using W = decltype(tag);
     if (p.T == 1) {
       GemvArgs<W> a{static_cast<const W*>(p.w), p.x, static_cast<const W*>(p.bias), p.residual, p.out,
-                    p.N, p.K, p.gate};
-      launch_gemv(a, stream);
+                    p.N, p.K, p.gate, p.norm, norm_add, p.norm_eps};
+      if (p.norm)
+        launch_gemv<W, true>(a, stream);
+      else
+        launch_gemv<W, false>(a, stream);
       return;
     }
     if (!gemm) fail_op("linear", "T > 1 needs a GemmContext");
@@ -310,11 +422,20 @@ void linear(const LinearParams& p, GemmContext* gemm, cudaStream_t stream) {
 
     const void* B = p.x;
     cudaDataType_t ab_type = CUDA_R_32F;
-    if constexpr (sizeof(W) == 2) {  // bf16 weights: x rounded to bf16 for a tensor-core GEMM
+    if constexpr (sizeof(W) == 2) {  // bf16 weights: x (normalised) rounded to bf16 for a tensor-core GEMM
       GemmContext::Impl::ensure(g.x_bf16, size_t(TK) * 2, stream);
-      launch(to_bf16_kernel, dim3(ceil_div(TK, 256)), dim3(256), 0, stream, p.x, g.x_bf16.as<uint16_t>(), TK);
+      if (p.norm)
+        launch(norm_rows_kernel<detail::bf16>, dim3(p.T), dim3(norm_rows_threads(p.K)), 0, stream, p.x, p.norm,
+               norm_add, p.norm_eps, g.x_bf16.as<detail::bf16>(), p.K);
+      else
+        launch(to_bf16_kernel, dim3(ceil_div(TK, 256)), dim3(256), 0, stream, p.x, g.x_bf16.as<uint16_t>(), TK);
       B = g.x_bf16.data();
       ab_type = CUDA_R_16BF;
+    } else if (p.norm) {
+      GemmContext::Impl::ensure(g.x_norm, size_t(TK) * 4, stream);
+      launch(norm_rows_kernel<float>, dim3(p.T), dim3(norm_rows_threads(p.K)), 0, stream, p.x, p.norm, norm_add,
+             p.norm_eps, g.x_norm.as<float>(), p.K);
+      B = g.x_norm.data();
     }
     float* C = p.out;
     float beta = 0.f;

@@ -64,7 +64,7 @@ void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float ep
 void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
   ops::LinearOptions o;
   o.bias = bias;
-  linear(s, x, w, out, o);
+  cuda_ops::linear(s, x, w, out, o);
 }
 
 void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const ops::LinearOptions& o) {
