@@ -477,12 +477,24 @@ TEST(CudaAttention, DecodeBandwidthReport) {
   struct Shape {
     const char* name;
     int Hq, Hkv, D, L;
+    int min_chunk = 128;  // as the session's workspace
+    int max_splits = 0;   // 0: choose_splits
   };
   const Shape shapes[] = {{"llama8b layer, 8K ctx", 32, 8, 128, 8192},
                           {"llama8b layer, 32K ctx", 32, 8, 128, 32768},
                           {"llama1b layer, 4K ctx", 32, 8, 64, 4096},
                           {"gemma3-1b global layer, 8K ctx", 4, 1, 256, 8192},
-                          {"qwen0.5b layer, 8K ctx", 14, 2, 64, 8192}};
+                          {"qwen0.5b layer, 8K ctx", 14, 2, 64, 8192},
+                          // The benchmark's context (prompt 512 + 128) at several chunk floors, with the
+                          // session's 64-split grid: what min_chunk should be for few KV heads.
+                          {"qwen0.5b 640 ctx, chunk>=128", 14, 2, 64, 640, 128, 64},
+                          {"qwen0.5b 640 ctx, chunk>=64", 14, 2, 64, 640, 64, 64},
+                          {"qwen0.5b 640 ctx, chunk>=32", 14, 2, 64, 640, 32, 64},
+                          {"qwen0.5b 640 ctx, chunk>=16", 14, 2, 64, 640, 16, 64},
+                          {"llama1b 640 ctx, chunk>=128", 32, 8, 64, 640, 128, 64},
+                          {"llama1b 640 ctx, chunk>=32", 32, 8, 64, 640, 32, 64},
+                          {"gemma3-1b 640 ctx, chunk>=128", 4, 1, 256, 640, 128, 64},
+                          {"gemma3-1b 640 ctx, chunk>=32", 4, 1, 256, 640, 32, 64}};
   CudaStream s;
   CudaEvent e0, e1;
   for (const Shape& sh : shapes) {
@@ -494,7 +506,8 @@ TEST(CudaAttention, DecodeBandwidthReport) {
     KVGRAPH_CUDA_CHECK(cudaMemset(q.data(), 0, q.bytes()));
     KVGRAPH_CUDA_CHECK(cudaMemset(kv.data(), 0, kv.bytes()));
     auto pos = to_device(std::vector<int32_t>{sh.L - 1});
-    AttentionWorkspace ws(sh.Hq, sh.D, AttentionWorkspace::choose_splits(sh.Hkv, sh.L));
+    AttentionWorkspace ws(sh.Hq, sh.D, sh.max_splits ? sh.max_splits : AttentionWorkspace::choose_splits(sh.Hkv, sh.L),
+                          sh.min_chunk);
     AttentionParams p;
     p.q = q.as<float>();
     p.k = p.v = kv.as<float>();
