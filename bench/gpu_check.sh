@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One call's worth of GPU checks on the H200 machine (repository root, after
+# `cmake --build --preset cuda` here and carrying build/cuda/kvgraph and
+# build/cuda/kvgraph_gpu_tests): GPU tests, memcheck, decode bench, and a
+# per-kernel profile of one eager decode step. Logs go to $OUT (or /tmp).
+#   bench/gpu_check.sh [tests] [memcheck] [bench] [profile:MODEL] ...
+set -uo pipefail
+OUT=${OUT:-/tmp}
+mkdir -p /work; [ -e /work/main ] || ln -s "$PWD" /work/main  # tests use the compiled-in source dir
+MODELS=synthetic:qwen2.5-0.5b,synthetic:llama3.2-1b,synthetic:llama3.1-8b,synthetic:gemma3-1b,synthetic:mistral-7b
+for step in "$@"; do
+  case $step in
+    tests)
+      build/cuda/kvgraph_gpu_tests --gtest_brief=1 > "$OUT/gpu_tests.txt" 2>&1
+      echo "gpu tests rc $?"; grep -E "^\[ *(FAILED|PASSED) |Failure|\[attention decode|\[linear" "$OUT/gpu_tests.txt" | head -40 ;;
+    memcheck)
+      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 7 build/cuda/kvgraph_gpu_tests --gtest_brief=1 \
+        --gtest_filter='-*Long*:*Bandwidth*:*Report*' > "$OUT/memcheck.txt" 2>&1
+      echo "memcheck rc $?"; grep -E "ERROR SUMMARY|FAILED" "$OUT/memcheck.txt" | head ;;
+    bench)
+      build/cuda/kvgraph bench --device cuda --models "$MODELS" 2>&1 | tail -7 ;;
+    profile:*)
+      m=${step#profile:}
+      python3 bench/profile_step.py "synthetic:$m" --raw "$OUT/prof_$m.csv" > "$OUT/prof_$m.txt" 2>&1
+      sed -n '/^kind/,$p' "$OUT/prof_$m.txt" ;;
+  esac
+done
