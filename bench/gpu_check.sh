@@ -12,7 +12,7 @@ for step in "$@"; do
   case $step in
     tests)
       build/cuda/kvgraph_gpu_tests --gtest_brief=1 > "$OUT/gpu_tests.txt" 2>&1
-      echo "gpu tests rc $?"; grep -E "^\[ *(FAILED|PASSED) |Failure|\[attention decode|\[linear" "$OUT/gpu_tests.txt" | head -40 ;;
+      echo "gpu tests rc $?"; grep -E "^\[ *(FAILED|PASSED) |Failure|\[attention decode|\[gemv" "$OUT/gpu_tests.txt" | head -40 ;;
     memcheck)
       timeout 300 compute-sanitizer --tool memcheck --error-exitcode 7 build/cuda/kvgraph_gpu_tests --gtest_brief=1 \
         --gtest_filter='-*Long*:*Bandwidth*:*Report*' > "$OUT/memcheck.txt" 2>&1
