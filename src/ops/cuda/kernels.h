@@ -155,6 +155,13 @@ class GemmContext {
 // f32 weights: f32 GEMM without TF32), then the epilogue.
 void linear(const LinearParams& p, GemmContext* gemm, cudaStream_t stream);
 
+// Launch shape of the T == 1 GEMV, process-wide (experiments and the
+// bandwidth report; set it before recording a step). automatic: a block per
+// row pair for long rows (K >= 2048 bf16), a warp per row pair otherwise.
+// warp4: a warp per four rows, so each x value loaded serves four rows.
+enum class GemvShape : uint8_t { automatic, block2, warp2, warp4 };
+void set_gemv_shape(GemvShape shape);
+
 // ---------------------------------------------------------------- attention
 
 struct AttentionParams {

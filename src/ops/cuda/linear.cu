@@ -154,28 +154,36 @@ __device__ __forceinline__ float dot16_h(uint4 w, const float (&h)[4], float acc
 // side, reduced in the same fixed order, and the dot products are scaled by
 // rsqrt(mean(x^2) + eps) before the epilogue. kNorm == false is the plain GEMV.
 // Requires K % (16 / sizeof(W)) == 0 and 16-byte aligned w and x (and norm).
-template <typename W, int kTPR, int kUnroll, bool kNorm>
+template <typename W, int kTPR, int kUnroll, bool kNorm, int kRows>
 __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
+  static_assert(kRows % 2 == 0, "rows come in (gate, up) pairs");
   constexpr int kVE = 16 / sizeof(W);  // elements per 16-byte vector
   constexpr int kGroups = kBlock / kTPR;
   const int group = threadIdx.x / kTPR, tig = threadIdx.x % kTPR;
-  const int n0 = (blockIdx.x * kGroups + group) * 2;
+  const int n0 = (blockIdx.x * kGroups + group) * kRows;
   const int nvec = a.K / kVE;
-  const bool ok0 = n0 < a.N, ok1 = n0 + 1 < a.N;
-  const uint4* w0 = reinterpret_cast<const uint4*>(a.w + size_t(ok0 ? n0 : 0) * a.K);
-  const uint4* w1 = reinterpret_cast<const uint4*>(a.w + size_t(ok1 ? n0 + 1 : 0) * a.K);
+  const uint4* wr[kRows];
+  bool ok[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    ok[r] = n0 + r < a.N;
+    wr[r] = reinterpret_cast<const uint4*>(a.w + size_t(ok[r] ? n0 + r : 0) * a.K);
+  }
   const uint64_t pol = evict_first_policy();
   detail::griddep_launch_dependents();
 
-  float acc0 = 0.f, acc1 = 0.f, ss = 0.f;
+  float acc[kRows], ss = 0.f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
   bool waited = false;
   for (int base = 0; base < nvec; base += kTPR * kUnroll) {
-    uint4 r0[kUnroll], r1[kUnroll];
+    uint4 wv[kRows][kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = base + u * kTPR + tig;
-      r0[u] = (ok0 && vi < nvec) ? ld_weights(w0 + vi, pol) : make_uint4(0, 0, 0, 0);
-      r1[u] = (ok1 && vi < nvec) ? ld_weights(w1 + vi, pol) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        wv[r][u] = (ok[r] && vi < nvec) ? ld_weights(wr[r] + vi, pol) : make_uint4(0, 0, 0, 0);
     }
     if (!waited) {
       detail::griddep_wait();
@@ -188,50 +196,49 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
         if constexpr (kNorm) {
           float h[kVE];
           ss = load_normed(a.x + size_t(vi) * kVE, a.norm + size_t(vi) * kVE, a.norm_add, h, ss);
-          acc0 = dot16_h(r0[u], h, acc0, W{});
-          acc1 = dot16_h(r1[u], h, acc1, W{});
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[r] = dot16_h(wv[r][u], h, acc[r], W{});
         } else {
           const float* xv = a.x + size_t(vi) * kVE;
-          acc0 = dot16(r0[u], xv, acc0, W{});
-          acc1 = dot16(r1[u], xv, acc1, W{});
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[r] = dot16(wv[r][u], xv, acc[r], W{});
         }
       }
     }
   }
   if (!waited) detail::griddep_wait();
 
-  acc0 = detail::warp_sum(acc0);
-  acc1 = detail::warp_sum(acc1);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = detail::warp_sum(acc[r]);
   if constexpr (kNorm) ss = detail::warp_sum(ss);
   if constexpr (kTPR > 32) {
     constexpr int kWarps = kTPR / 32;
-    __shared__ float red[kBlock / 32][kNorm ? 3 : 2];
+    __shared__ float red[kBlock / 32][kRows + 1];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) {
-      red[warp][0] = acc0;
-      red[warp][1] = acc1;
-      if constexpr (kNorm) red[warp][2] = ss;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) red[warp][r] = acc[r];
+      red[warp][kRows] = ss;
     }
     __syncthreads();
     if (tig != 0) return;
-    acc0 = 0.f;
-    acc1 = 0.f;
-    ss = 0.f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {  // fixed order: deterministic
-      acc0 += red[group * kWarps + w][0];
-      acc1 += red[group * kWarps + w][1];
-      if constexpr (kNorm) ss += red[group * kWarps + w][2];
+    for (int r = 0; r <= kRows; ++r) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) t += red[group * kWarps + w][r];  // fixed order: deterministic
+      if (r < kRows) acc[r] = t; else ss = t;
     }
   } else {
     if (tig != 0) return;
   }
   if constexpr (kNorm) {  // scale before bias / residual / gate
     const float inv = rsqrtf(ss / a.K + a.norm_eps);
-    acc0 *= inv;
-    acc1 *= inv;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] *= inv;
   }
-  gemv_epilogue(a, n0, acc0, acc1);
+#pragma unroll
+  for (int r = 0; r < kRows; r += 2) gemv_epilogue(a, n0 + r, acc[r], acc[r + 1]);
 }
 
 // Fallback for unaligned pointers or K not a multiple of the vector width:
@@ -265,6 +272,8 @@ __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
   if (lane == 0) gemv_epilogue(a, n0, acc0, acc1);
 }
 
+GemvShape g_gemv_shape = GemvShape::automatic;
+
 template <typename W, bool kNorm>
 void launch_gemv(const GemvArgs<W>& a, cudaStream_t stream) {
   constexpr int kVE = 16 / sizeof(W);
@@ -277,10 +286,18 @@ void launch_gemv(const GemvArgs<W>& a, cudaStream_t stream) {
     return;
   }
   const int nvec = a.K / kVE;
-  if (nvec >= 2 * kBlock) {  // long rows: the whole block on one pair of rows
-    launch(gemv_kernel<W, kBlock, 2, kNorm>, dim3(pairs), dim3(kBlock), 0, stream, a);
-  } else {  // short rows: one warp per pair of rows
-    launch(gemv_kernel<W, 32, 4, kNorm>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
+  GemvShape shape = g_gemv_shape;
+  if (shape == GemvShape::automatic) shape = nvec >= 2 * kBlock ? GemvShape::block2 : GemvShape::warp2;
+  switch (shape) {
+    case GemvShape::block2:  // the whole block on one pair of rows (long rows)
+      launch(gemv_kernel<W, kBlock, 2, kNorm, 2>, dim3(pairs), dim3(kBlock), 0, stream, a);
+      break;
+    case GemvShape::warp4:  // one warp on four rows: x read once per four rows
+      launch(gemv_kernel<W, 32, 4, kNorm, 4>, dim3(ceil_div(a.N, 4 * (kBlock / 32))), dim3(kBlock), 0, stream, a);
+      break;
+    default:  // one warp per pair of rows
+      launch(gemv_kernel<W, 32, 4, kNorm, 2>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
+      break;
   }
 }
 
@@ -386,6 +403,8 @@ GemmContext::~GemmContext() {
     delete impl_;
   }
 }
+
+void set_gemv_shape(GemvShape shape) { g_gemv_shape = shape; }
 
 void GemmContext::reserve(int64_t max_tokens, int64_t max_dim) {
   const size_t n = size_t(max_tokens) * size_t(max_dim);
