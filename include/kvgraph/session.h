@@ -64,7 +64,7 @@ class Session {
  private:
   void record_decode_step();
   void submit_decode_step();
-  int32_t read_token() const;
+  int32_t read_token();
 
   std::shared_ptr<const Model> model_;
   SessionOptions opt_;

@@ -39,6 +39,10 @@ class Stream {
   size_t recorded_ops() const { return tape_.size(); }  // CPU tape length
 
   void synchronize();
+  // The first i32 of `t` once the stream's queued work is done (CUDA: one
+  // small async copy into pinned memory, then a stream sync: the per-token
+  // read of a decode step, cheaper than a pageable cudaMemcpy).
+  int32_t read_i32(const Tensor& t);
   void* cuda_stream() const { return cuda_stream_; }  // cudaStream_t, or nullptr on CPU
 
  private:
@@ -48,6 +52,7 @@ class Stream {
   std::vector<std::function<void()>> tape_;
   void* cuda_stream_ = nullptr;
   void* graph_exec_ = nullptr;  // cudaGraphExec_t
+  int32_t* pinned_ = nullptr;   // CUDA: pinned host word for read_i32
 };
 
 }  // namespace kvgraph

@@ -77,11 +77,7 @@ void Session::prefill(std::span<const int32_t> ids, const ChunkFn& on_chunk) {
   have_logits_ = true;
 }
 
-int32_t Session::read_token() const {
-  int32_t t = 0;
-  ids_.slice_rows(0, 1).copy_to_host(&t);
-  return t;
-}
+int32_t Session::read_token() { return stream_.read_i32(ids_); }
 
 int32_t Session::sample() {
   if (!have_logits_) fail("session", "sample() before prefill");

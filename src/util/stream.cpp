@@ -31,6 +31,7 @@ Stream::Stream(Device device) : device_(device) {
 Stream::~Stream() {
 #ifdef KVGRAPH_HAVE_CUDA
   if (graph_exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
+  if (pinned_) cudaFreeHost(pinned_);
   if (cuda_stream_) {
     cudaStreamSynchronize(static_cast<cudaStream_t>(cuda_stream_));
     cuda_ops::release(cuda_stream_);
@@ -95,6 +96,21 @@ void Stream::replay() {
 #ifdef KVGRAPH_HAVE_CUDA
   KV_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec_),
                                 static_cast<cudaStream_t>(cuda_stream_)));
+#endif
+}
+
+int32_t Stream::read_i32(const Tensor& t) {
+  if (t.dtype() != DType::I32 || t.numel() < 1) fail("stream", "read_i32 needs a non-empty i32 tensor");
+  if (t.device() != device_) fail("stream", "read_i32: tensor is on another device");
+  if (device_ == Device::CPU) return *t.data<int32_t>();
+#ifdef KVGRAPH_HAVE_CUDA
+  if (!pinned_) KV_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), sizeof(int32_t)));
+  cudaStream_t s = static_cast<cudaStream_t>(cuda_stream_);
+  KV_CUDA_CHECK(cudaMemcpyAsync(pinned_, t.raw(), sizeof(int32_t), cudaMemcpyDeviceToHost, s));
+  KV_CUDA_CHECK(cudaStreamSynchronize(s));
+  return *pinned_;
+#else
+  fail("stream", "read_i32 on CUDA in a build without CUDA");
 #endif
 }
 
