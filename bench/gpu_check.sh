@@ -3,7 +3,7 @@
 # `cmake --build --preset cuda` here and carrying build/cuda/kvgraph and
 # build/cuda/kvgraph_gpu_tests): GPU tests, memcheck, decode bench, and a
 # per-kernel profile of one eager decode step. Logs go to $OUT (or /tmp).
-#   bench/gpu_check.sh [tests] [memcheck] [bench] [profile:MODEL] ...
+#   bench/gpu_check.sh [tests] [memcheck] [bench] [peer] [profile:MODEL] ...
 set -uo pipefail
 OUT=${OUT:-/tmp}
 mkdir -p /work; [ -e /work/main ] || ln -s "$PWD" /work/main  # tests use the compiled-in source dir
@@ -17,6 +17,9 @@ for step in "$@"; do
       timeout 300 compute-sanitizer --tool memcheck --error-exitcode 7 build/cuda/kvgraph_gpu_tests --gtest_brief=1 \
         --gtest_filter='-*Long*:*Bandwidth*:*Report*' > "$OUT/memcheck.txt" 2>&1
       echo "memcheck rc $?"; grep -E "ERROR SUMMARY|FAILED" "$OUT/memcheck.txt" | head ;;
+    peer)  # kvgraph and transformers side by side (bench/run_h200.sh), JSON lines kept in $OUT
+      bench/run_h200.sh qwen2.5-0.5b,llama3.2-1b,llama3.1-8b "$OUT" > "$OUT/peer.txt" 2>&1
+      echo "peer rc $?"; grep -v '^{' "$OUT/peer.txt" | tail -12 ;;
     bench)
       build/cuda/kvgraph bench --device cuda --models "$MODELS" 2>&1 | tail -7 ;;
     profile:*)
