@@ -22,6 +22,9 @@ for step in "$@"; do
       echo "peer rc $?"; grep -v '^{' "$OUT/peer.txt" | tail -12 ;;
     bench)
       build/cuda/kvgraph bench --device cuda --models "$MODELS" 2>&1 | tail -7 ;;
+    gemv:*)  # the three decode shapes under one GEMV launch shape (KVGRAPH_GEMV)
+      KVGRAPH_GEMV=${step#gemv:} build/cuda/kvgraph bench --device cuda --quiet \
+        --models synthetic:qwen2.5-0.5b,synthetic:llama3.2-1b,synthetic:llama3.1-8b 2>&1 | tail -3 | sed "s/^/${step#gemv:} /" ;;
     profile:*)
       m=${step#profile:}
       python3 bench/profile_step.py "synthetic:$m" --raw "$OUT/prof_$m.csv" > "$OUT/prof_$m.txt" 2>&1

@@ -5,6 +5,7 @@
 //   T  > 1: (norm into scratch,) cuBLAS GEMM, then a small epilogue kernel.
 #include <cublas_v2.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "ops/cuda/common.cuh"
@@ -272,7 +273,18 @@ __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
   if (lane == 0) gemv_epilogue(a, n0, acc0, acc1);
 }
 
-GemvShape g_gemv_shape = GemvShape::automatic;
+// KVGRAPH_GEMV=block2|warp2|warp4 overrides the automatic choice (experiments:
+// run `kvgraph bench` under each to see the whole-step effect).
+GemvShape initial_gemv_shape() {
+  const char* e = std::getenv("KVGRAPH_GEMV");
+  if (!e) return GemvShape::automatic;
+  const std::string v = e;
+  if (v == "block2") return GemvShape::block2;
+  if (v == "warp2") return GemvShape::warp2;
+  if (v == "warp4") return GemvShape::warp4;
+  return GemvShape::automatic;
+}
+GemvShape g_gemv_shape = initial_gemv_shape();
 
 template <typename W, bool kNorm>
 void launch_gemv(const GemvArgs<W>& a, cudaStream_t stream) {
