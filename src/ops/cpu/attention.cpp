@@ -40,12 +40,30 @@ void run(const AttentionArgs& a) {
   const int64_t v_stride = a.v_stride ? a.v_stride : int64_t(Hkv) * D;
 
   // q / new k head after the prologue (a copy; the inputs stay as they are).
-  std::vector<float> head(D);
+  // RoPE's cos/sin depend only on the position: computed once per position
+  // (the same f32 angle and std::cos/std::sin as cpu::rope).
+  std::vector<float> head(D), cos_t(D / 2), sin_t(D / 2);
+  int32_t table_pos = -1;
   auto prologue = [&](const float* src, const float* norm, int32_t position) -> const float* {
     if (!norm && !a.inv_freq) return src;
     std::copy_n(src, D, head.begin());
     if (norm) rms_norm(head.data(), norm, head.data(), 1, D, a.norm_eps, a.norm_plus_one);
-    if (a.inv_freq) rope(head.data(), position, a.inv_freq, 1, 1, D);
+    if (a.inv_freq) {
+      const int half = D / 2;
+      if (position != table_pos) {
+        for (int i = 0; i < half; ++i) {
+          const float ang = static_cast<float>(position) * a.inv_freq[i];
+          cos_t[i] = std::cos(ang);
+          sin_t[i] = std::sin(ang);
+        }
+        table_pos = position;
+      }
+      for (int i = 0; i < half; ++i) {
+        const float x0 = head[i], x1 = head[i + half];
+        head[i] = x0 * cos_t[i] - x1 * sin_t[i];
+        head[i + half] = x1 * cos_t[i] + x0 * sin_t[i];
+      }
+    }
     return head.data();
   };
 
