@@ -46,6 +46,12 @@ class Session {
   // Feeds the pending token at the current position and returns the next
   // one. Throws, before anything is written, when the cache is full.
   int32_t decode();
+  // n decode steps queued back to back: the host does not wait between them
+  // (each token is copied out as its step finishes), so the GPU never idles
+  // on the host round trip. Returns the n tokens. For callers that need no
+  // token before the next step is queued (benchmarks, fixed-length runs);
+  // it does not stop at EOS. Checks that all n fit before anything runs.
+  std::vector<int32_t> decode_many(int n);
 
   void reset();
   void trim(int32_t n);  // keep the first n tokens (see SequenceCache::trim)

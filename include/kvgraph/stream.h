@@ -43,6 +43,12 @@ class Stream {
   // small async copy into pinned memory, then a stream sync: the per-token
   // read of a decode step, cheaper than a pageable cudaMemcpy).
   int32_t read_i32(const Tensor& t);
+  // Queues a copy of t's first i32 into host slot `slot` (ordered after the
+  // work queued so far; CUDA: pinned memory, no wait). collect_i32(n) waits
+  // for the stream and returns slots [0, n).
+  void queue_read_i32(const Tensor& t, int slot);
+  std::vector<int32_t> collect_i32(int n);
+  void reserve_reads(int n);  // room for n queued reads (waits for the stream when it grows)
   void* cuda_stream() const { return cuda_stream_; }  // cudaStream_t, or nullptr on CPU
 
  private:
@@ -52,7 +58,9 @@ class Stream {
   std::vector<std::function<void()>> tape_;
   void* cuda_stream_ = nullptr;
   void* graph_exec_ = nullptr;  // cudaGraphExec_t
-  int32_t* pinned_ = nullptr;   // CUDA: pinned host word for read_i32
+  int32_t* pinned_ = nullptr;   // CUDA: pinned host words for the reads (CPU: host_reads_)
+  int pinned_cap_ = 0;
+  std::vector<int32_t> host_reads_;
 };
 
 }  // namespace kvgraph

@@ -126,9 +126,33 @@ int32_t Session::decode() {
     if (!stream_.has_recording()) record_decode_step();
     stream_.replay();
   }
-  stream_.synchronize();
+  const int32_t token = read_token();  // waits for the step
   cache_.commit(1);
-  return read_token();
+  return token;
+}
+
+std::vector<int32_t> Session::decode_many(int n) {
+  if (n < 1) fail("session", "decode_many needs n >= 1, got {}", n);
+  if (!have_pending_) fail("session", "decode() needs a pending token: call prefill() and sample() first");
+  if (int64_t(cache_.length()) + n > cache_.capacity())
+    fail("session", "{} more tokens do not fit: {} of {} positions used; nothing was written", n,
+         cache_.length(), cache_.capacity());
+  if (opt_.eager) {
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) out.push_back(decode());
+    return out;
+  }
+  cache_.check_step(cache_.length(), 1);
+  upload_sampling();
+  if (!stream_.has_recording()) record_decode_step();
+  stream_.reserve_reads(n);
+  for (int i = 0; i < n; ++i) {
+    stream_.replay();
+    stream_.queue_read_i32(ids_, i);
+  }
+  std::vector<int32_t> tokens = stream_.collect_i32(n);
+  for (int i = 0; i < n; ++i) cache_.commit(1);
+  return tokens;
 }
 
 std::vector<float> Session::last_logits() const {

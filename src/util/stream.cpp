@@ -1,5 +1,7 @@
 #include "kvgraph/stream.h"
 
+#include <algorithm>
+
 #include "kvgraph/error.h"
 
 #ifdef KVGRAPH_HAVE_CUDA
@@ -99,19 +101,46 @@ void Stream::replay() {
 #endif
 }
 
-int32_t Stream::read_i32(const Tensor& t) {
-  if (t.dtype() != DType::I32 || t.numel() < 1) fail("stream", "read_i32 needs a non-empty i32 tensor");
-  if (t.device() != device_) fail("stream", "read_i32: tensor is on another device");
-  if (device_ == Device::CPU) return *t.data<int32_t>();
+void Stream::reserve_reads(int n) {
+  if (n <= pinned_cap_) return;
 #ifdef KVGRAPH_HAVE_CUDA
-  if (!pinned_) KV_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), sizeof(int32_t)));
-  cudaStream_t s = static_cast<cudaStream_t>(cuda_stream_);
-  KV_CUDA_CHECK(cudaMemcpyAsync(pinned_, t.raw(), sizeof(int32_t), cudaMemcpyDeviceToHost, s));
-  KV_CUDA_CHECK(cudaStreamSynchronize(s));
-  return *pinned_;
-#else
-  fail("stream", "read_i32 on CUDA in a build without CUDA");
+  if (device_ == Device::CUDA) {
+    synchronize();  // queued reads may still target the old buffer
+    if (pinned_) cudaFreeHost(pinned_);
+    pinned_ = nullptr;
+    pinned_cap_ = 0;
+    KV_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), sizeof(int32_t) * size_t(n)));
+  }
 #endif
+  host_reads_.resize(n);
+  pinned_cap_ = n;
+}
+
+void Stream::queue_read_i32(const Tensor& t, int slot) {
+  if (t.dtype() != DType::I32 || t.numel() < 1) fail("stream", "reading a token needs a non-empty i32 tensor");
+  if (t.device() != device_) fail("stream", "reading a token: tensor is on another device");
+  if (slot < 0) fail("stream", "negative read slot");
+  if (slot >= pinned_cap_) reserve_reads(std::max(slot + 1, 2 * pinned_cap_));
+  if (device_ == Device::CPU) {
+    host_reads_[slot] = *t.data<int32_t>();
+    return;
+  }
+#ifdef KVGRAPH_HAVE_CUDA
+  KV_CUDA_CHECK(cudaMemcpyAsync(pinned_ + slot, t.raw(), sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                static_cast<cudaStream_t>(cuda_stream_)));
+#endif
+}
+
+std::vector<int32_t> Stream::collect_i32(int n) {
+  if (n < 0 || n > pinned_cap_) fail("stream", "collect_i32({}): only {} slots", n, pinned_cap_);
+  synchronize();
+  if (device_ == Device::CPU) return std::vector<int32_t>(host_reads_.begin(), host_reads_.begin() + n);
+  return std::vector<int32_t>(pinned_, pinned_ + n);
+}
+
+int32_t Stream::read_i32(const Tensor& t) {
+  queue_read_i32(t, 0);
+  return collect_i32(1)[0];
 }
 
 void Stream::synchronize() {

@@ -165,3 +165,49 @@ TEST(CompiledDecodeState, RecordedStepReadsNoHostPositionCpuTapeHasFixedLength) 
   EXPECT_EQ(s.recorded_ops(), ops);
   EXPECT_EQ(s.captures(), 1);
 }
+
+// decode_many(n) queues n replays without host round trips in between and
+// must give exactly the tokens of n decode() calls; n that do not fit are
+// refused before anything runs.
+TEST(CompiledDecodeState, DecodeManyEqualsRepeatedDecode) {
+  for (const std::string family : {"qwen2", "gemma2"}) {
+    auto model = Model::load(fixtures_dir() / family, Device::CPU);
+    const Reference ref = load_reference(family);
+    SessionOptions so;
+    so.capacity = 96;
+    so.max_write = 4;
+    ops::SamplingParams sp;
+    sp.temperature = 0.8f;
+    sp.top_k = 20;
+    sp.seed = 9;
+    std::vector<int32_t> one_by_one, queued;
+    for (int mode = 0; mode < 2; ++mode) {
+      Session s(model, so);
+      s.sampling() = sp;
+      s.prefill(ref.greedy_prompt);
+      s.sample();
+      std::vector<int32_t>& out = mode == 0 ? one_by_one : queued;
+      if (mode == 0) {
+        for (int i = 0; i < 40; ++i) out.push_back(s.decode());
+      } else {
+        for (int n : {1, 7, 32}) {
+          auto part = s.decode_many(n);
+          out.insert(out.end(), part.begin(), part.end());
+        }
+      }
+      EXPECT_EQ(s.position(), int32_t(ref.greedy_prompt.size()) + 40);
+      if (mode == 1) {
+        const int32_t at = s.position();
+        try {
+          s.decode_many(96 - at + 1);
+          FAIL() << "expected a capacity error";
+        } catch (const Error& e) {
+          EXPECT_THAT(e.what(), HasSubstr("do not fit"));
+        }
+        EXPECT_EQ(s.position(), at);
+        EXPECT_EQ(s.decode_many(96 - at).size(), size_t(96 - at));
+      }
+    }
+    EXPECT_EQ(one_by_one, queued) << family;
+  }
+}

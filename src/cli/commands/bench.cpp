@@ -61,13 +61,23 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   s.sample();
   const double prefill_s = seconds_since(t0);
   std::vector<double> ms;
+  std::vector<int32_t> tokens;
   double kv_read = 0;
   for (int i = 0; i < f.new_tokens; ++i) {
     kv_read += kv_bytes_read(s.cache(), s.position() + 1);
     auto t = std::chrono::steady_clock::now();
-    s.decode();
+    tokens.push_back(s.decode());
     ms.push_back(seconds_since(t) * 1e3);
   }
+  // The same tokens again with every step queued back to back (decode_many):
+  // the difference to the per-token time is the host round trip per token.
+  s.reset();
+  s.prefill(ids);
+  s.sample();
+  auto tq = std::chrono::steady_clock::now();
+  const std::vector<int32_t> queued = s.decode_many(f.new_tokens);
+  const double queued_ms = seconds_since(tq) * 1e3 / f.new_tokens;
+  if (queued != tokens) fail("bench", "{}: queued decode gave other tokens than step-by-step decode", name);
   std::vector<double> sorted = ms;
   std::sort(sorted.begin(), sorted.end());
   const double median = sorted[sorted.size() / 2];
@@ -93,6 +103,8 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   j["decode_ms_mean"] = mean;
   j["floor_ms"] = floor_ms;
   j["fraction_of_floor"] = floor_ms / median;
+  j["decode_ms_queued"] = queued_ms;
+  j["fraction_of_floor_queued"] = floor_ms / queued_ms;
   j["captures"] = s.captures();
   j["load_s"] = load_s;
   return j;
@@ -104,18 +116,19 @@ void run_bench(const BenchFlags& f) {
   const double bw = ops::measure_copy_bandwidth_gbs(parse_device(f.m.device));
   std::vector<nlohmann::json> rows;
   if (!f.json)
-    fmt::print("{:<28} {:>7} {:>10} {:>12} {:>10} {:>10} {:>10} {:>8}\n", "model", "device", "prefill", "decode ms",
-               "p99 ms", "floor ms", "of floor", "GB/s");
+    fmt::print("{:<28} {:>7} {:>10} {:>12} {:>10} {:>10} {:>10} {:>8} {:>10} {:>9}\n", "model", "device", "prefill",
+               "decode ms", "p99 ms", "floor ms", "of floor", "GB/s", "queued ms", "of floor");
   for (const auto& name : models) {
     auto j = bench_one(f, name, bw);
     if (f.json) {
       fmt::print("{}\n", j.dump());
     } else {
-      fmt::print("{:<28} {:>7} {:>6.0f} t/s {:>12.3f} {:>10.3f} {:>10.3f} {:>9.1f}% {:>8.0f}\n",
+      fmt::print("{:<28} {:>7} {:>6.0f} t/s {:>12.3f} {:>10.3f} {:>10.3f} {:>9.1f}% {:>8.0f} {:>10.3f} {:>8.1f}%\n",
                  j["model"].get<std::string>().empty() ? "default" : j["model"].get<std::string>(),
                  j["device"].get<std::string>(), j["prefill_tok_s"].get<double>(), j["decode_ms_median"].get<double>(),
                  j["decode_ms_p99"].get<double>(), j["floor_ms"].get<double>(),
-                 100 * j["fraction_of_floor"].get<double>(), bw);
+                 100 * j["fraction_of_floor"].get<double>(), bw, j["decode_ms_queued"].get<double>(),
+                 100 * j["fraction_of_floor_queued"].get<double>());
     }
     fflush(stdout);
   }
