@@ -11,11 +11,11 @@ MODELS=synthetic:qwen2.5-0.5b,synthetic:llama3.2-1b,synthetic:llama3.1-8b,synthe
 for step in "$@"; do
   case $step in
     tests)
-      build/cuda/kvgraph_gpu_tests --gtest_brief=1 > "$OUT/gpu_tests.txt" 2>&1
+      timeout "${TESTS_TIMEOUT:-600}" build/cuda/kvgraph_gpu_tests --gtest_brief=1 > "$OUT/gpu_tests.txt" 2>&1
       echo "gpu tests rc $?"; grep -E "^\[ *(FAILED|PASSED) |Failure|\[attention decode|\[gemv" "$OUT/gpu_tests.txt" | head -40 ;;
     memcheck)
-      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 7 build/cuda/kvgraph_gpu_tests --gtest_brief=1 \
-        --gtest_filter="CudaLinear.*:CudaAttention*:-*Long*:*Bandwidth*:*Report*" > "$OUT/memcheck.txt" 2>&1
+      timeout "${MEMCHECK_TIMEOUT:-150}" compute-sanitizer --tool memcheck --error-exitcode 7 build/cuda/kvgraph_gpu_tests --gtest_brief=1 \
+        --gtest_filter="${MEMCHECK_FILTER:-CudaLinear.*:CudaAttention*:-*Long*:*Bandwidth*:*Report*}" > "$OUT/memcheck.txt" 2>&1
       echo "memcheck rc $?"; grep -E "ERROR SUMMARY|FAILED" "$OUT/memcheck.txt" | head ;;
     peer)  # kvgraph and transformers side by side (bench/run_h200.sh), JSON lines kept in $OUT
       bench/run_h200.sh qwen2.5-0.5b,llama3.2-1b,llama3.1-8b "$OUT" > "$OUT/peer.txt" 2>&1
