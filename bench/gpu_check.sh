@@ -22,6 +22,9 @@ for step in "$@"; do
       echo "peer rc $?"; grep -v '^{' "$OUT/peer.txt" | tail -12 ;;
     bench)
       build/cuda/kvgraph bench --device cuda --models "$MODELS" 2>&1 | tail -7 ;;
+    attn:*)  # the decode shapes with KVGRAPH_ATTN set (legacy: the T > 1 kernel decodes too)
+      KVGRAPH_ATTN=${step#attn:} build/cuda/kvgraph bench --device cuda --quiet \
+        --models synthetic:qwen2.5-0.5b,synthetic:llama3.2-1b 2>&1 | tail -2 | sed "s/^/attn=${step#attn:} /" ;;
     gemv:*)  # the three decode shapes under one GEMV launch shape (KVGRAPH_GEMV)
       KVGRAPH_GEMV=${step#gemv:} build/cuda/kvgraph bench --device cuda --quiet \
         --models synthetic:qwen2.5-0.5b,synthetic:llama3.2-1b,synthetic:llama3.1-8b 2>&1 | tail -3 | sed "s/^/${step#gemv:} /" ;;

@@ -12,6 +12,7 @@
 // split order). Every merge runs in a fixed order: results are deterministic.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -340,6 +341,240 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
   if (threadIdx.x == 0) *counter = 0;  // ready for the next step
 }
 
+// Decode (T == 1) attention, built for latency. The block's chunk of keys
+// goes in tiles of kThreads keys: (1) scores with one thread per key, each
+// reading its whole K row and dotting it with every query head of the group
+// from shared memory (no shuffles on the critical path); (2) an online
+// softmax per head, one warp per head; (3) P.V with threads across the head
+// dim (8 values each) and the tile's keys split among thread groups. Partials
+// are merged like attend_kernel's (last block, split order). Every reduction
+// runs in a fixed order, so results are deterministic.
+constexpr int kTile = kThreads;
+
+template <typename S>
+__device__ __forceinline__ float rounded(float x) {
+  return detail::to_f32(detail::from_f32<S>(x));
+}
+
+template <typename S, int kMaxG>
+__global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
+  extern __shared__ __align__(16) float smem[];
+  __shared__ int s_last;
+  __shared__ float m_run[kMaxG], l_run[kMaxG], corr[kMaxG];
+  const int D = a.D;
+  const int DS = D / 8;              // threads per V row in P.V (8 values each)
+  const int nKG = kThreads / DS;     // key groups in P.V
+  float* q_s = smem;                 // [kMaxG, D]
+  float* k_s = q_s + kMaxG * D;      // [D]: the new k row after the prologue
+  float* sc = k_s + D;               // [kMaxG, kTile]: scores, then probabilities
+  float* red = sc + kMaxG * kTile;   // [nKG, kMaxG, D]
+
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+
+  const int h = blockIdx.x % a.Hkv;
+  const int zg = blockIdx.x / a.Hkv;
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int32_t p = a.pos[0];
+  const int32_t lo = first_visible(a.rule, p);
+  const int32_t L = p - lo + 1;
+  int32_t chunk = L, n_active = 1;
+  if (splits > 1) {
+    chunk = max(a.min_chunk, (L + splits - 1) / splits);
+    n_active = (L + chunk - 1) / chunk;
+  }
+  if (split >= n_active) return;  // block-uniform
+  const int32_t c0 = lo + split * chunk;
+  const int32_t c1 = min(min(c0 + chunk, p + 1), a.rule.window > 0 ? p + 1 : a.rule.pool);
+
+  const int g0 = zg * kMaxG;
+  const int Gz = min(kMaxG, a.G - g0);
+  const int hq0 = h * a.G + g0;
+  const S* kp = a.k_pool + size_t(h) * a.rule.pool * D;
+  const S* vp = a.v_pool + size_t(h) * a.rule.pool * D;
+  const float* k_new = a.k + size_t(h) * D;
+  const float* v_new = a.v + size_t(h) * D;
+
+  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    q_s[i] = g < Gz ? a.q[size_t(hq0 + g) * D + d] : 0.f;
+  }
+  for (int d = threadIdx.x; d < D; d += kThreads) k_s[d] = k_new[d];
+  if (threadIdx.x < kMaxG) {
+    m_run[threadIdx.x] = -INFINITY;
+    l_run[threadIdx.x] = 0.f;
+  }
+  __syncthreads();
+  if (a.prologue()) {
+    head_prologue(q_s, Gz, D, a.q_norm, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
+    head_prologue(k_s, 1, D, a.k_norm, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
+  }
+  // The new row, rounded to the storage type: what every later step reads.
+  for (int d = threadIdx.x; d < D; d += kThreads) k_s[d] = rounded<S>(k_s[d]);
+  __syncthreads();
+  if (split == 0 && zg == 0) {
+    const int32_t slot = slot_of(a.rule, p);
+    if (p >= 0 && slot < a.rule.pool) {
+      S* kw = a.k_pool + (size_t(h) * a.rule.pool + slot) * D;
+      S* vw = a.v_pool + (size_t(h) * a.rule.pool + slot) * D;
+      for (int d = threadIdx.x; d < D; d += kThreads) {
+        kw[d] = detail::from_f32<S>(k_s[d]);
+        vw[d] = detail::from_f32<S>(v_new[d]);
+      }
+    }
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
+  float acc[kMaxG][8];
+#pragma unroll
+  for (int g = 0; g < kMaxG; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+
+  for (int32_t t0 = c0; t0 < c1; t0 += kTile) {
+    const int n = min(kTile, c1 - t0);
+    // (1) Scores: thread i owns key t0 + i.
+    {
+      const int i = threadIdx.x;
+      const int32_t j = t0 + i;
+      float dot[kMaxG];
+#pragma unroll
+      for (int g = 0; g < kMaxG; ++g) dot[g] = 0.f;
+      if (i < n) {
+        const bool fresh = j == p;
+        const S* kr = kp + size_t(slot_of(a.rule, j)) * D;
+#pragma unroll 4
+        for (int v = 0; v < D; v += 8) {
+          float kf[8];
+          if (fresh) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) kf[e] = k_s[v + e];
+          } else {
+            detail::unpack8(detail::load8(kr + v), kf);
+          }
+#pragma unroll
+          for (int g = 0; g < kMaxG; ++g) {
+            const float4 qa = *reinterpret_cast<const float4*>(q_s + g * D + v);
+            const float4 qb = *reinterpret_cast<const float4*>(q_s + g * D + v + 4);
+            float d = dot[g];
+            d = fmaf(qa.x, kf[0], d);
+            d = fmaf(qa.y, kf[1], d);
+            d = fmaf(qa.z, kf[2], d);
+            d = fmaf(qa.w, kf[3], d);
+            d = fmaf(qb.x, kf[4], d);
+            d = fmaf(qb.y, kf[5], d);
+            d = fmaf(qb.z, kf[6], d);
+            d = fmaf(qb.w, kf[7], d);
+            dot[g] = d;
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kMaxG; ++g) {
+        float x = dot[g] * a.scale;
+        if (a.softcap > 0.f) x = a.softcap * tanhf(x / a.softcap);
+        sc[g * kTile + i] = i < n ? x : -INFINITY;
+      }
+    }
+    __syncthreads();
+    // (2) Online softmax, one warp per head.
+    for (int g = warp; g < Gz; g += kWarps) {
+      float mx = -INFINITY;
+      for (int i = lane; i < kTile; i += 32) mx = fmaxf(mx, sc[g * kTile + i]);
+      mx = detail::warp_max(mx);
+      const float m_new = fmaxf(m_run[g], mx);  // finite: every tile has a visible key
+      float sum = 0.f;
+      for (int i = lane; i < kTile; i += 32) {
+        const float pz = expf(sc[g * kTile + i] - m_new);  // exp(-inf) = 0 past the tile's end
+        sc[g * kTile + i] = pz;
+        sum += pz;
+      }
+      sum = detail::warp_sum(sum);
+      if (lane == 0) {
+        const float c = m_run[g] == -INFINITY ? 0.f : expf(m_run[g] - m_new);
+        corr[g] = c;
+        l_run[g] = l_run[g] * c + sum;
+        m_run[g] = m_new;
+      }
+    }
+    __syncthreads();
+    // (3) P.V: thread (kg, slice) accumulates keys kg, kg + nKG, ... of the tile.
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      const float c = g < Gz ? corr[g] : 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= c;
+    }
+#pragma unroll 4
+    for (int i = kg; i < n; i += nKG) {
+      const int32_t j = t0 + i;
+      float vf[8];
+      if (j == p) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) vf[e] = rounded<S>(v_new[e0 + e]);
+      } else {
+        detail::unpack8(detail::load8(vp + size_t(slot_of(a.rule, j)) * D + e0), vf);
+      }
+#pragma unroll
+      for (int g = 0; g < kMaxG; ++g) {
+        const float pz = sc[g * kTile + i];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pz, vf[e], acc[g][e]);
+      }
+    }
+    __syncthreads();  // sc and corr are rewritten by the next tile
+  }
+
+  // Sum the key groups (fixed order), then finish or leave a partial.
+#pragma unroll
+  for (int g = 0; g < kMaxG; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) red[(kg * kMaxG + g) * D + e0 + e] = acc[g][e];
+  __syncthreads();
+  const bool single = n_active == 1;
+  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    float O = 0.f;
+    for (int k = 0; k < nKG; ++k) O += red[(k * kMaxG + g) * D + d];
+    const int hq = hq0 + g;
+    if (single) {
+      a.out[size_t(hq) * D + d] = O / l_run[g];
+    } else {
+      a.part_o[(size_t(hq) * a.ws_splits + split) * D + d] = O;
+      if (d == 0) {
+        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2] = m_run[g];
+        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2 + 1] = l_run[g];
+      }
+    }
+  }
+  if (single) return;
+
+  __threadfence();
+  __syncthreads();
+  unsigned* counter = a.counters + h * a.zgroups + zg;
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == unsigned(n_active - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    const int hq = hq0 + g;
+    const float* ml = a.part_ml + size_t(hq) * a.ws_splits * 2;
+    const float* po = a.part_o + size_t(hq) * a.ws_splits * D + d;
+    float M = -INFINITY;
+    for (int s = 0; s < n_active; ++s) M = fmaxf(M, __ldcg(ml + 2 * s));
+    float Ls = 0.f, O = 0.f;
+    for (int s = 0; s < n_active; ++s) {
+      const float c = expf(__ldcg(ml + 2 * s) - M);
+      Ls += __ldcg(ml + 2 * s + 1) * c;
+      O += __ldcg(po + size_t(s) * D) * c;
+    }
+    a.out[size_t(hq) * D + d] = O / Ls;
+  }
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next step
+}
+
 // k/v rows of the step's T tokens -> pool slots (rounded to the storage type).
 template <typename S>
 __global__ void write_kv_kernel(AttnArgs<S> a) {
@@ -410,6 +645,23 @@ AttnArgs<S> make_args(const AttentionParams& p) {
 }
 
 template <typename S, int kMaxG>
+void launch_decode(AttnArgs<S> a, int splits, cudaStream_t stream) {
+  const int nKG = kThreads / (a.D / 8);
+  const size_t smem = (size_t(kMaxG) * a.D + a.D + size_t(kMaxG) * kTile + size_t(nKG) * kMaxG * a.D) * sizeof(float);
+  launch(decode_kernel<S, kMaxG>, dim3(static_cast<unsigned>(a.zgroups * a.Hkv), splits), dim3(kThreads), smem,
+         stream, a);
+}
+
+// KVGRAPH_ATTN=legacy runs decode through attend_kernel (the T > 1 kernel), for comparison.
+bool legacy_decode() {
+  static const bool legacy = [] {
+    const char* e = std::getenv("KVGRAPH_ATTN");
+    return e && std::string(e) == "legacy";
+  }();
+  return legacy;
+}
+
+template <typename S, int kMaxG>
 void launch_attend(AttnArgs<S> a, int splits, cudaStream_t stream) {
   const size_t smem = (size_t(kMaxG) * a.D * (1 + kWarps) + a.D + size_t(kWarps) * kMaxG * 2) * sizeof(float);
   const int64_t nx = int64_t(a.T) * a.zgroups * a.Hkv;
@@ -474,6 +726,15 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, cudaStr
       launch(write_kv_kernel<S>, dim3(static_cast<unsigned>(int64_t(p.T) * p.n_kv_heads)), dim3(64), 0, stream, a);
       a.fused_write = false;
       a.min_chunk = 1;
+    }
+    if (p.T == 1 && !legacy_decode()) {
+      switch (bucket) {
+        case 1: launch_decode<S, 1>(a, splits, stream); break;
+        case 2: launch_decode<S, 2>(a, splits, stream); break;
+        case 4: launch_decode<S, 4>(a, splits, stream); break;
+        default: launch_decode<S, 8>(a, splits, stream); break;
+      }
+      return;
     }
     switch (bucket) {
       case 1: launch_attend<S, 1>(a, splits, stream); break;
