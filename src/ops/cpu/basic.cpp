@@ -42,9 +42,9 @@ void linear(const float* x, const float* w, const float* bias, float* out, int T
       for (int n = 0; n < N; ++n) out[static_cast<int64_t>(t) * N + n] += bias[n];
 }
 
-void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D, int64_t row_stride) {
+void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D) {
   const int half = D / 2;
-  if (row_stride == 0) row_stride = static_cast<int64_t>(H) * D;
+  const int64_t row_stride = static_cast<int64_t>(H) * D;
   for (int t = 0; t < T; ++t) {
     const float p = static_cast<float>(pos0 + t);
     for (int i = 0; i < half; ++i) {

@@ -11,8 +11,7 @@ void embedding(const float* table, int64_t V, const int32_t* ids, int T, int D, 
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int D, float eps, bool plus_one);
 // out [T, N] = x [T, K] @ w [N, K]^T + bias
 void linear(const float* x, const float* w, const float* bias, float* out, int T, int N, int K);
-// Heads 0..H-1 of each token; token t starts at x + t * row_stride (0: H * D).
-void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D, int64_t row_stride = 0);
+void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D);  // x [T, H, D] in place
 float activation(float g, Activation act);  // silu(g) or gelu_tanh(g)
 void act_mul(const float* gate, const float* up, float* out, int64_t n, Activation act);
 void add(const float* a, const float* b, float* out, int64_t n);
