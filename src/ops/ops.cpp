@@ -55,16 +55,9 @@ void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float ep
 }
 
 void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
-  need_f32(x, "linear", "x");
-  const int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
-  need(x.numel() % K == 0, "linear", "x must be [T, K]");
-  const int T = static_cast<int>(x.numel() / K);
-  if (out.numel() != int64_t(T) * N)
-    fail("linear", "out must be [{}, {}], got {}", T, N, out.shape_str());
-  if (s.device() == Device::CUDA) KV_CUDA_OP(linear, s, x, w, bias, out);
-  need_cpu_weight(w, "linear");
-  s.submit([xp = x.data<float>(), wp = w.data<float>(), bp = bias ? bias->data<float>() : nullptr,
-            o = out.data<float>(), T, N, K] { cpu::linear(xp, wp, bp, o, T, N, K); });
+  LinearOptions o;
+  o.bias = bias;
+  linear(s, x, w, out, o);
 }
 
 void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const LinearOptions& o) {

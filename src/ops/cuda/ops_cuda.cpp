@@ -61,12 +61,6 @@ void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float ep
   cuda::rms_norm(x.data<float>(), w.raw(), w.dtype(), out.data<float>(), x.numel() / D, D, eps, plus_one, cs(s));
 }
 
-void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out) {
-  ops::LinearOptions o;
-  o.bias = bias;
-  cuda_ops::linear(s, x, w, out, o);
-}
-
 void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const ops::LinearOptions& o) {
   cuda::LinearParams p;
   p.x = x.data<float>();

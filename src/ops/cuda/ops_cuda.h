@@ -9,7 +9,6 @@ namespace kvgraph::cuda_ops {
 
 void embedding(Stream& s, const Tensor& table, const Tensor& ids, Tensor& out, float scale);
 void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);
-void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out);
 void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const ops::LinearOptions& o);
 void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);
 void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq);
