@@ -103,11 +103,104 @@ __device__ __forceinline__ detail::Pack8<S> pack8_zero() {
   return r;
 }
 
+constexpr int kMaxSplits = 64;  // AttentionWorkspace caps max_splits here
+
+// The keys [c0, c1) that split `split` of `splits` attends for the query at
+// position p, and how many splits have keys at all (the others exit).
+struct SplitRange {
+  int32_t c0, c1, n_active;
+};
+
+template <typename S>
+__device__ __forceinline__ SplitRange split_range(const AttnArgs<S>& a, int32_t p, int split, int splits) {
+  const int32_t lo = first_visible(a.rule, p);
+  const int32_t L = p - lo + 1;
+  int32_t chunk = L, n_active = 1;
+  if (splits > 1) {
+    chunk = max(a.min_chunk, (L + splits - 1) / splits);
+    n_active = (L + chunk - 1) / chunk;
+  }
+  const int32_t c0 = lo + split * chunk;
+  // A flat pool never holds positions >= pool: the host rejects such steps;
+  // clamping keeps a bad step from reading out of bounds.
+  const int32_t c1 = min(min(c0 + chunk, p + 1), a.rule.window > 0 ? p + 1 : a.rule.pool);
+  return {c0, c1, n_active};
+}
+
+// Split-KV finish, called by every block of a (kv head, query-head group)
+// after it stored its partial (unnormalised O, running max m and sum l per
+// query head). The last block to arrive merges them into `out` (the rows of
+// one token): out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m).
+// Built for latency: the (m, l) pairs are read once, in parallel, and turned
+// into weights per head (one warp per head, lane per split); each output
+// element then streams its partials with the loads in flight together.
+// Fixed order everywhere, so the result is deterministic.
+template <typename S, int kMaxG>
+__device__ void merge_splits(const AttnArgs<S>& a, int h, int zg, int hq0, int Gz, int n_active, float* out) {
+  __shared__ int s_last;
+  __shared__ float w_s[kMaxG][kMaxSplits];
+  __shared__ float l_s[kMaxG];
+  __threadfence();
+  __syncthreads();
+  unsigned* counter = a.counters + h * a.zgroups + zg;
+  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == unsigned(n_active - 1);
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int g = warp; g < Gz; g += kWarps) {
+    const float* ml = a.part_ml + size_t(hq0 + g) * a.ws_splits * 2;
+    float m[2], l[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int s = lane + 32 * k;
+      m[k] = s < n_active ? __ldcg(ml + 2 * s) : -INFINITY;
+      l[k] = s < n_active ? __ldcg(ml + 2 * s + 1) : 0.f;
+    }
+    const float M = detail::warp_max(fmaxf(m[0], m[1]));
+    float sum = 0.f;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const float w = m[k] == -INFINITY ? 0.f : expf(m[k] - M);
+      w_s[g][lane + 32 * k] = w;
+      sum += l[k] * w;
+    }
+    sum = detail::warp_sum(sum);
+    if (lane == 0) l_s[g] = sum;
+  }
+  __syncthreads();
+  // Thread t owns outputs t, t + kThreads, ... (at most kPer): for each split,
+  // the loads of all its outputs go out together.
+  constexpr int kPer = kMaxG * 256 / kThreads;
+  const int D = a.D, n_out = Gz * D;
+  const float* po[kPer];
+  int gk[kPer];
+  float O[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = min(int(threadIdx.x) + k * kThreads, n_out - 1);
+    gk[k] = i / D;
+    po[k] = a.part_o + size_t(hq0 + gk[k]) * a.ws_splits * D + i % D;
+    O[k] = 0.f;
+  }
+#pragma unroll 2
+  for (int s = 0; s < n_active; ++s) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k)
+      if (threadIdx.x + k * kThreads < n_out) O[k] = fmaf(__ldcg(po[k] + size_t(s) * D), w_s[gk[k]][s], O[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    const int i = threadIdx.x + k * kThreads;
+    if (i < n_out) out[size_t(hq0) * D + i] = O[k] / l_s[gk[k]];
+  }
+  if (threadIdx.x == 0) *counter = 0;  // ready for the next step
+}
+
 template <typename S, int kMaxG>
 __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
   constexpr int U = sizeof(S) == 4 ? 2 : 4;  // keys in flight per lane group
   extern __shared__ __align__(16) float smem[];
-  __shared__ int s_last;
   const int D = a.D;
   float* q_s = smem;                                // [kMaxG, D]
   float* k_s = q_s + kMaxG * D;                     // [D]: the new k row after the prologue (T == 1)
@@ -126,18 +219,9 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
 
   // The visible range of this query, from the position in device memory.
   const int32_t p = a.pos[0] + t;
-  const int32_t lo = first_visible(a.rule, p);
-  const int32_t L = p - lo + 1;
-  int32_t chunk = L, n_active = 1;
-  if (splits > 1) {
-    chunk = max(a.min_chunk, (L + splits - 1) / splits);
-    n_active = (L + chunk - 1) / chunk;
-  }
+  const SplitRange r = split_range(a, p, split, splits);
+  const int32_t c0 = r.c0, c1 = r.c1, n_active = r.n_active;
   if (split >= n_active) return;  // block-uniform
-  const int32_t c0 = lo + split * chunk;
-  // A flat pool never holds positions >= pool: the host rejects such steps;
-  // clamping keeps a bad step from reading out of bounds.
-  const int32_t c1 = min(min(c0 + chunk, p + 1), a.rule.window > 0 ? p + 1 : a.rule.pool);
 
   const int g0 = zg * kMaxG;
   const int Gz = min(kMaxG, a.G - g0);
@@ -314,31 +398,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
   }
   if (single) return;
 
-  // Split-KV: the last block of this (head, group) to finish merges all
-  // partials, in split order.
-  __threadfence();
-  __syncthreads();
-  unsigned* counter = a.counters + h * a.zgroups + zg;
-  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == unsigned(n_active - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    const int hq = hq0 + g;
-    const float* ml = a.part_ml + size_t(hq) * a.ws_splits * 2;
-    const float* po = a.part_o + size_t(hq) * a.ws_splits * D + d;
-    float M = -INFINITY;
-    for (int s = 0; s < n_active; ++s) M = fmaxf(M, __ldcg(ml + 2 * s));
-    float Ls = 0.f, O = 0.f;
-    for (int s = 0; s < n_active; ++s) {
-      const float c = expf(__ldcg(ml + 2 * s) - M);
-      Ls += __ldcg(ml + 2 * s + 1) * c;
-      O += __ldcg(po + size_t(s) * D) * c;
-    }
-    a.out[(size_t(t) * a.Hq + hq) * D + d] = O / Ls;
-  }
-  if (threadIdx.x == 0) *counter = 0;  // ready for the next step
+  merge_splits<S, kMaxG>(a, h, zg, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
 }
 
 // Decode (T == 1) attention, built for latency. The block's chunk of keys
@@ -359,55 +419,60 @@ __device__ __forceinline__ float rounded(float x) {
 template <typename S, int kMaxG>
 __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   extern __shared__ __align__(16) float smem[];
-  __shared__ int s_last;
   __shared__ float m_run[kMaxG], l_run[kMaxG], corr[kMaxG];
   const int D = a.D;
   const int DS = D / 8;              // threads per V row in P.V (8 values each)
   const int nKG = kThreads / DS;     // key groups in P.V
   float* q_s = smem;                 // [kMaxG, D]
   float* k_s = q_s + kMaxG * D;      // [D]: the new k row after the prologue
-  float* sc = k_s + D;               // [kMaxG, kTile]: scores, then probabilities
+  float* v_s = k_s + D;              // [D]: the new v row
+  float* qn_s = v_s + D;             // [D]: q_norm weights
+  float* kn_s = qn_s + D;            // [D]: k_norm weights
+  float* if_s = kn_s + D;            // [D / 2]: RoPE inverse frequencies
+  float* sc = if_s + D / 2;          // [kMaxG, kTile]: scores, then probabilities
   float* red = sc + kMaxG * kTile;   // [nKG, kMaxG, D]
 
   detail::griddep_launch_dependents();
+  // Constants first: their loads overlap the wait for the previous kernel.
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    if (a.q_norm) qn_s[d] = a.q_norm[d];
+    if (a.k_norm) kn_s[d] = a.k_norm[d];
+    if (a.inv_freq && d < D / 2) if_s[d] = a.inv_freq[d];
+  }
   detail::griddep_wait();
 
   const int h = blockIdx.x % a.Hkv;
   const int zg = blockIdx.x / a.Hkv;
   const int split = blockIdx.y, splits = gridDim.y;
-  const int32_t p = a.pos[0];
-  const int32_t lo = first_visible(a.rule, p);
-  const int32_t L = p - lo + 1;
-  int32_t chunk = L, n_active = 1;
-  if (splits > 1) {
-    chunk = max(a.min_chunk, (L + splits - 1) / splits);
-    n_active = (L + chunk - 1) / chunk;
-  }
-  if (split >= n_active) return;  // block-uniform
-  const int32_t c0 = lo + split * chunk;
-  const int32_t c1 = min(min(c0 + chunk, p + 1), a.rule.window > 0 ? p + 1 : a.rule.pool);
-
   const int g0 = zg * kMaxG;
   const int Gz = min(kMaxG, a.G - g0);
   const int hq0 = h * a.G + g0;
   const S* kp = a.k_pool + size_t(h) * a.rule.pool * D;
   const S* vp = a.v_pool + size_t(h) * a.rule.pool * D;
-  const float* k_new = a.k + size_t(h) * D;
-  const float* v_new = a.v + size_t(h) * D;
 
+  // The step's position and the new q/k/v rows in one round of loads, before
+  // the block knows whether its split has keys.
+  const int32_t p = a.pos[0];
   for (int i = threadIdx.x; i < kMaxG * D; i += kThreads) {
     const int g = i / D, d = i % D;
     q_s[i] = g < Gz ? a.q[size_t(hq0 + g) * D + d] : 0.f;
   }
-  for (int d = threadIdx.x; d < D; d += kThreads) k_s[d] = k_new[d];
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    k_s[d] = a.k[size_t(h) * D + d];
+    v_s[d] = rounded<S>(a.v[size_t(h) * D + d]);
+  }
+  const SplitRange r = split_range(a, p, split, splits);
+  const int32_t c0 = r.c0, c1 = r.c1, n_active = r.n_active;
+  if (split >= n_active) return;  // block-uniform
   if (threadIdx.x < kMaxG) {
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
   }
   __syncthreads();
   if (a.prologue()) {
-    head_prologue(q_s, Gz, D, a.q_norm, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
-    head_prologue(k_s, 1, D, a.k_norm, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
+    const float* inv_freq = a.inv_freq ? if_s : nullptr;
+    head_prologue(q_s, Gz, D, a.q_norm ? qn_s : nullptr, a.norm_eps, a.norm_plus_one, inv_freq, p);
+    head_prologue(k_s, 1, D, a.k_norm ? kn_s : nullptr, a.norm_eps, a.norm_plus_one, inv_freq, p);
   }
   // The new row, rounded to the storage type: what every later step reads.
   for (int d = threadIdx.x; d < D; d += kThreads) k_s[d] = rounded<S>(k_s[d]);
@@ -419,7 +484,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
       S* vw = a.v_pool + (size_t(h) * a.rule.pool + slot) * D;
       for (int d = threadIdx.x; d < D; d += kThreads) {
         kw[d] = detail::from_f32<S>(k_s[d]);
-        vw[d] = detail::from_f32<S>(v_new[d]);
+        vw[d] = detail::from_f32<S>(v_s[d]);
       }
     }
   }
@@ -432,8 +497,19 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
 
+  // V rows of the first kPre keys a thread accumulates in (3), loaded before
+  // the scores so their latency hides behind (1) and (2). The fresh row (j ==
+  // p) is never read from the pool: another block may be writing it.
+  constexpr int kPre = sizeof(S) == 4 ? 4 : 8;
   for (int32_t t0 = c0; t0 < c1; t0 += kTile) {
     const int n = min(kTile, c1 - t0);
+    detail::Pack8<S> vpre[kPre];
+#pragma unroll
+    for (int m = 0; m < kPre; ++m) {
+      const int i = kg + m * nKG;
+      const int32_t j = t0 + i;
+      vpre[m] = i < n && j != p ? detail::load8(vp + size_t(slot_of(a.rule, j)) * D + e0) : pack8_zero<S>();
+    }
     // (1) Scores: thread i owns key t0 + i.
     {
       const int i = threadIdx.x;
@@ -444,7 +520,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
       if (i < n) {
         const bool fresh = j == p;
         const S* kr = kp + size_t(slot_of(a.rule, j)) * D;
-#pragma unroll 4
+#pragma unroll 8
         for (int v = 0; v < D; v += 8) {
           float kf[8];
           if (fresh) {
@@ -506,15 +582,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[g][e] *= c;
     }
-#pragma unroll 4
-    for (int i = kg; i < n; i += nKG) {
-      const int32_t j = t0 + i;
+    auto accumulate = [&](int i, const detail::Pack8<S>& vr) {
       float vf[8];
-      if (j == p) {
+      if (t0 + i == p) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) vf[e] = rounded<S>(v_new[e0 + e]);
+        for (int e = 0; e < 8; ++e) vf[e] = v_s[e0 + e];
       } else {
-        detail::unpack8(detail::load8(vp + size_t(slot_of(a.rule, j)) * D + e0), vf);
+        detail::unpack8(vr, vf);
       }
 #pragma unroll
       for (int g = 0; g < kMaxG; ++g) {
@@ -522,6 +596,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pz, vf[e], acc[g][e]);
       }
+    };
+#pragma unroll
+    for (int m = 0; m < kPre; ++m)
+      if (kg + m * nKG < n) accumulate(kg + m * nKG, vpre[m]);
+#pragma unroll 4
+    for (int i = kg + kPre * nKG; i < n; i += nKG) {
+      const int32_t j = t0 + i;
+      accumulate(i, j == p ? pack8_zero<S>() : detail::load8(vp + size_t(slot_of(a.rule, j)) * D + e0));
     }
     __syncthreads();  // sc and corr are rewritten by the next tile
   }
@@ -550,29 +632,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   }
   if (single) return;
 
-  __threadfence();
-  __syncthreads();
-  unsigned* counter = a.counters + h * a.zgroups + zg;
-  if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == unsigned(n_active - 1);
-  __syncthreads();
-  if (!s_last) return;
-  __threadfence();
-  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    const int hq = hq0 + g;
-    const float* ml = a.part_ml + size_t(hq) * a.ws_splits * 2;
-    const float* po = a.part_o + size_t(hq) * a.ws_splits * D + d;
-    float M = -INFINITY;
-    for (int s = 0; s < n_active; ++s) M = fmaxf(M, __ldcg(ml + 2 * s));
-    float Ls = 0.f, O = 0.f;
-    for (int s = 0; s < n_active; ++s) {
-      const float c = expf(__ldcg(ml + 2 * s) - M);
-      Ls += __ldcg(ml + 2 * s + 1) * c;
-      O += __ldcg(po + size_t(s) * D) * c;
-    }
-    a.out[size_t(hq) * D + d] = O / Ls;
-  }
-  if (threadIdx.x == 0) *counter = 0;  // ready for the next step
+  merge_splits<S, kMaxG>(a, h, zg, hq0, Gz, n_active, a.out);
 }
 
 // k/v rows of the step's T tokens -> pool slots (rounded to the storage type).
@@ -647,18 +707,53 @@ AttnArgs<S> make_args(const AttentionParams& p) {
 template <typename S, int kMaxG>
 void launch_decode(AttnArgs<S> a, int splits, cudaStream_t stream) {
   const int nKG = kThreads / (a.D / 8);
-  const size_t smem = (size_t(kMaxG) * a.D + a.D + size_t(kMaxG) * kTile + size_t(nKG) * kMaxG * a.D) * sizeof(float);
+  const size_t smem =
+      (size_t(kMaxG) * a.D + 4 * a.D + a.D / 2 + size_t(kMaxG) * kTile + size_t(nKG) * kMaxG * a.D) * sizeof(float);
   launch(decode_kernel<S, kMaxG>, dim3(static_cast<unsigned>(a.zgroups * a.Hkv), splits), dim3(kThreads), smem,
          stream, a);
 }
 
-// KVGRAPH_ATTN=legacy runs decode through attend_kernel (the T > 1 kernel), for comparison.
+// Decode tuning switches, read once, for experiments (run `kvgraph bench`
+// under each to see the whole-step effect):
+//   KVGRAPH_ATTN=legacy      decode through attend_kernel (the T > 1 kernel);
+//   KVGRAPH_ATTN_CHUNK=N     fewest keys per split (default: decode_min_chunk);
+//   KVGRAPH_ATTN_HEADS=1|2|4|8  most query heads per block (default: decode_heads).
 bool legacy_decode() {
   static const bool legacy = [] {
     const char* e = std::getenv("KVGRAPH_ATTN");
     return e && std::string(e) == "legacy";
   }();
   return legacy;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return *end == '\0' && v > 0 && v < (1 << 20) ? static_cast<int>(v) : fallback;
+}
+
+// Fewest keys a decode split takes. Automatic (workspace min_chunk 0): about
+// 8K key elements per split (128 keys at head_dim 64, 32 at 256), so a block's
+// work stays short whatever the head size.
+int decode_min_chunk(const AttentionWorkspace& ws, int head_dim) {
+  static const int forced = env_int("KVGRAPH_ATTN_CHUNK", 0);
+  if (forced) return forced;
+  if (ws.min_chunk() > 0) return ws.min_chunk();
+  return std::max(16, 8192 / head_dim);
+}
+
+// Query heads per decode block. Measured on the H200 (notes in
+// docs/design.md): the per-block critical path grows with the heads a block
+// carries much faster than the work does, so short spans (up to 2K visible
+// keys, where the re-read K/V rows come from L2) run one head per block; long
+// spans share each K/V read between two heads.
+int decode_heads(const SlotRule& rule) {
+  static const int forced = env_int("KVGRAPH_ATTN_HEADS", 0);
+  if (forced) return group_bucket(std::min(forced, 8));
+  const int32_t span = rule.window > 0 ? rule.window : rule.pool;
+  return span <= 2048 ? 1 : 2;
 }
 
 template <typename S, int kMaxG>
@@ -675,8 +770,9 @@ void launch_attend(AttnArgs<S> a, int splits, cudaStream_t stream) {
 AttentionWorkspace::AttentionWorkspace(int max_q_heads, int max_head_dim, int max_splits, int min_chunk)
     : max_q_heads_(max_q_heads), max_head_dim_(max_head_dim), max_splits_(max_splits), min_chunk_(min_chunk) {
   if (max_q_heads < 1 || max_head_dim < 1) fail_op("attention", "bad workspace shape");
-  if (max_splits < 1 || max_splits > 256) fail_op("attention", "max_splits must be in [1, 256]");
-  if (min_chunk < 1) fail_op("attention", "min_chunk must be >= 1");
+  if (max_splits < 1 || max_splits > kMaxSplits)
+    fail_op("attention", "max_splits must be in [1, " + std::to_string(kMaxSplits) + "]");
+  if (min_chunk < 0) fail_op("attention", "min_chunk must be >= 0 (0: automatic)");
   partial_out_ = DeviceBuffer(size_t(max_q_heads) * max_splits * max_head_dim * sizeof(float));
   partial_ml_ = DeviceBuffer(size_t(max_q_heads) * max_splits * 2 * sizeof(float));
   counters_ = DeviceBuffer(size_t(max_q_heads) * sizeof(unsigned));
@@ -686,7 +782,8 @@ AttentionWorkspace::AttentionWorkspace(int max_q_heads, int max_head_dim, int ma
 int AttentionWorkspace::choose_splits(int n_kv_heads, int64_t max_visible, int min_chunk) {
   const int target_blocks = 2 * sm_count();
   int64_t s = (target_blocks + n_kv_heads - 1) / std::max(n_kv_heads, 1);
-  const int64_t useful = (max_visible + min_chunk - 1) / std::max(min_chunk, 1);
+  if (min_chunk <= 0) min_chunk = 16;  // automatic: the fewest keys any head dim takes
+  const int64_t useful = (max_visible + min_chunk - 1) / min_chunk;
   s = std::min(s, useful);
   return static_cast<int>(std::clamp<int64_t>(s, 1, 64));
 }
@@ -705,7 +802,7 @@ void write_kv(const AttentionParams& p, cudaStream_t stream) {
 void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, cudaStream_t stream) {
   validate(p);
   const int G = p.n_q_heads / p.n_kv_heads;
-  const int bucket = group_bucket(std::min(G, 8));
+  const int bucket = group_bucket(std::min(G, p.T == 1 && !legacy_decode() ? decode_heads(p.rule) : 8));
   dispatch_storage(p.storage, "attention", [&](auto tag) {
     using S = decltype(tag);
     AttnArgs<S> a = make_args<S>(p);
@@ -715,9 +812,12 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, cudaStr
       if (p.n_q_heads > ws.max_q_heads() || p.head_dim > ws.max_head_dim())
         fail_op("attention", "workspace too small for " + std::to_string(p.n_q_heads) + " heads of dim " +
                                  std::to_string(p.head_dim));
-      splits = ws.max_splits();
       a.fused_write = true;
-      a.min_chunk = ws.min_chunk();
+      a.min_chunk = decode_min_chunk(ws, p.head_dim);
+      // No more splits than the longest visible span can fill: the grid is
+      // fixed when a step is recorded, and blocks past the span only exit.
+      const int32_t span = p.rule.window > 0 ? p.rule.window : p.rule.pool;
+      splits = static_cast<int>(std::min<int64_t>(ws.max_splits(), (int64_t(span) + a.min_chunk - 1) / a.min_chunk));
       a.ws_splits = ws.max_splits();
       a.part_o = ws.partial_out();
       a.part_ml = ws.partial_ml();

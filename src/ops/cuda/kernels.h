@@ -197,10 +197,11 @@ struct AttentionParams {
 // graph that uses it lives. Counters start at zero and are reset by the kernel.
 class AttentionWorkspace {
  public:
-  // max_splits: static cap on blocks per kv head (1..256), the grid's second
+  // max_splits: static cap on blocks per kv head (1..64), the grid's second
   // dimension. min_chunk: fewest keys a split takes, so short contexts run
   // unsplit: a query seeing L keys uses ceil(L / max(min_chunk,
-  // ceil(L / max_splits))) splits.
+  // ceil(L / max_splits))) splits; 0 picks it from the head dim (about 8K
+  // key elements per split).
   AttentionWorkspace(int max_q_heads, int max_head_dim, int max_splits, int min_chunk = 128);
   // A split count for `n_kv_heads` heads and up to `max_visible` keys per query:
   // about two blocks per SM at the longest context, capped at 64.

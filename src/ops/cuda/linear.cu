@@ -299,10 +299,19 @@ void launch_gemv(const GemvArgs<W>& a, cudaStream_t stream) {
   }
   const int nvec = a.K / kVE;
   GemvShape shape = g_gemv_shape;
-  if (shape == GemvShape::automatic) shape = nvec >= 2 * kBlock ? GemvShape::block2 : GemvShape::warp2;
+  if (shape == GemvShape::automatic) {
+    // Whole-step timings on the H200 (bench/results/h200-2026-12-02-session3.md):
+    // a block per pair of rows from 256 vectors a row (K >= 2048 at bf16), else
+    // a warp per pair. warp4 wins some shapes alone (CudaLinear.
+    // GemvBandwidthReport) but lost whole steps each time it was tried.
+    shape = nvec >= 2 * kBlock ? GemvShape::block2 : GemvShape::warp2;
+  }
   switch (shape) {
     case GemvShape::block2:  // the whole block on one pair of rows (long rows)
-      launch(gemv_kernel<W, kBlock, 2, kNorm, 2>, dim3(pairs), dim3(kBlock), 0, stream, a);
+      if (nvec >= 4 * kBlock)  // at least 4 vectors per thread: 8 loads per row in flight
+        launch(gemv_kernel<W, kBlock, 8, kNorm, 2>, dim3(pairs), dim3(kBlock), 0, stream, a);
+      else
+        launch(gemv_kernel<W, kBlock, 2, kNorm, 2>, dim3(pairs), dim3(kBlock), 0, stream, a);
       break;
     case GemvShape::warp4:  // one warp on four rows: x read once per four rows
       launch(gemv_kernel<W, 32, 4, kNorm, 4>, dim3(ceil_div(a.N, 4 * (kBlock / 32))), dim3(kBlock), 0, stream, a);

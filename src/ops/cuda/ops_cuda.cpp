@@ -25,7 +25,7 @@ namespace {
 // long as the stream.
 struct Scratch {
   cuda::GemmContext gemm;
-  cuda::AttentionWorkspace attn{/*max_q_heads=*/128, /*max_head_dim=*/256, /*max_splits=*/64};
+  cuda::AttentionWorkspace attn{/*max_q_heads=*/128, /*max_head_dim=*/256, /*max_splits=*/64, /*min_chunk=*/0};
   cuda::SelectWorkspace select;
 };
 
