@@ -51,31 +51,36 @@ struct AttnArgs {
   __device__ bool prologue() const { return q_norm || k_norm || inv_freq; }
 };
 
-// Per-head RMSNorm (when w) then rotate-half RoPE (when inv_freq) of n head
-// rows of D floats in shared memory, in place, at position `pos`. Called by
-// every thread of the block (blockDim.x a multiple of 32); ends synchronised.
-// The same arithmetic as the rms_norm and rope kernels: a lane-strided sum of
-// squares reduced by warp_sum, precise cosf/sinf of one f32 angle.
-__device__ void head_prologue(float* rows, int n, int D, const float* w, float eps, bool plus_one,
-                              const float* inv_freq, int32_t pos) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw = blockDim.x / 32;
-  if (w) {
-    for (int g = warp; g < n; g += nw) {
+// Per-head RMSNorm then rotate-half RoPE (when inv_freq) of n head rows of D
+// floats in shared memory, in place, at position `pos`. Rows below nw use the
+// norm weights w, the rest w2 (decode passes the q heads and the new k row in
+// one call); a null weight skips the norm of its rows. Called by every thread
+// of the block (blockDim.x a multiple of 32); ends synchronised. The same
+// arithmetic as the rms_norm and rope kernels: a lane-strided sum of squares
+// reduced by warp_sum, precise sine and cosine of one f32 angle.
+__device__ void head_prologue(float* rows, int n, int nw, int D, const float* w, const float* w2, float eps,
+                              bool plus_one, const float* inv_freq, int32_t pos) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, nw_ = blockDim.x / 32;
+  if (w || w2) {
+    for (int g = warp; g < n; g += nw_) {
+      const float* wg = g < nw ? w : w2;
+      if (!wg) continue;
       float* r = rows + g * D;
       float ss = 0.f;
       for (int d = lane; d < D; d += 32) ss += r[d] * r[d];
       ss = detail::warp_sum(ss);
       const float inv = rsqrtf(ss / D + eps);
-      for (int d = lane; d < D; d += 32) r[d] = r[d] * inv * (plus_one ? 1.0f + w[d] : w[d]);
+      for (int d = lane; d < D; d += 32) r[d] = r[d] * inv * (plus_one ? 1.0f + wg[d] : wg[d]);
     }
     __syncthreads();
   }
   if (inv_freq) {
-    const int half = D / 2;
+    const int half = D / 2, lg = __ffs(half) - 1;  // D is a power of two
     for (int i = threadIdx.x; i < n * half; i += blockDim.x) {
-      const int g = i / half, j = i % half;
+      const int g = i >> lg, j = i & (half - 1);
       const float ang = static_cast<float>(pos) * inv_freq[j];
-      const float c = cosf(ang), s = sinf(ang);
+      float s, c;
+      sincosf(ang, &s, &c);
       float* r = rows + g * D;
       const float x0 = r[j], x1 = r[j + half];
       r[j] = x0 * c - x1 * s;
@@ -116,9 +121,9 @@ __device__ __forceinline__ SplitRange split_range(const AttnArgs<S>& a, int32_t 
   const int32_t lo = first_visible(a.rule, p);
   const int32_t L = p - lo + 1;
   int32_t chunk = L, n_active = 1;
-  if (splits > 1) {
-    chunk = max(a.min_chunk, (L + splits - 1) / splits);
-    n_active = (L + chunk - 1) / chunk;
+  if (splits > 1) {  // unsigned division: shorter than signed on the critical path
+    chunk = max(a.min_chunk, static_cast<int32_t>((unsigned(L) + splits - 1) / unsigned(splits)));
+    n_active = static_cast<int32_t>((unsigned(L) + chunk - 1) / unsigned(chunk));
   }
   const int32_t c0 = lo + split * chunk;
   // A flat pool never holds positions >= pool: the host rejects such steps;
@@ -177,10 +182,11 @@ __device__ void merge_splits(const AttnArgs<S>& a, int h, int zg, int hq0, int G
   int gk[kPer];
   float O[kPer];
 #pragma unroll
+  const int lgD = __ffs(D) - 1;  // D is a power of two
   for (int k = 0; k < kPer; ++k) {
     const int i = min(int(threadIdx.x) + k * kThreads, n_out - 1);
-    gk[k] = i / D;
-    po[k] = a.part_o + size_t(hq0 + gk[k]) * a.ws_splits * D + i % D;
+    gk[k] = i >> lgD;
+    po[k] = a.part_o + size_t(hq0 + gk[k]) * a.ws_splits * D + (i & (D - 1));
     O[k] = 0.f;
   }
 #pragma unroll 2
@@ -239,8 +245,8 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
     for (int d = threadIdx.x; d < D; d += kThreads) k_s[d] = k_new[d];
   __syncthreads();
   if (a.prologue()) {
-    head_prologue(q_s, Gz, D, a.q_norm, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
-    if (a.fused_write) head_prologue(k_s, 1, D, a.k_norm, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
+    head_prologue(q_s, Gz, Gz, D, a.q_norm, nullptr, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
+    if (a.fused_write) head_prologue(k_s, 1, 1, D, a.k_norm, nullptr, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
   }
 
   if (a.fused_write && split == 0 && zg == 0) {
@@ -453,10 +459,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   // The step's position and the new q/k/v rows in one round of loads, before
   // the block knows whether its split has keys.
   const int32_t p = a.pos[0];
-  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    q_s[i] = g < Gz ? a.q[size_t(hq0 + g) * D + d] : 0.f;
-  }
+  const int lgD = __ffs(D) - 1;  // D is a power of two
+  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads)
+    q_s[i] = (i >> lgD) < Gz ? a.q[size_t(hq0) * D + i] : 0.f;
   for (int d = threadIdx.x; d < D; d += kThreads) {
     k_s[d] = a.k[size_t(h) * D + d];
     v_s[d] = rounded<S>(a.v[size_t(h) * D + d]);
@@ -469,14 +474,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
     l_run[threadIdx.x] = 0.f;
   }
   __syncthreads();
-  if (a.prologue()) {
-    const float* inv_freq = a.inv_freq ? if_s : nullptr;
-    head_prologue(q_s, Gz, D, a.q_norm ? qn_s : nullptr, a.norm_eps, a.norm_plus_one, inv_freq, p);
-    head_prologue(k_s, 1, D, a.k_norm ? kn_s : nullptr, a.norm_eps, a.norm_plus_one, inv_freq, p);
-  }
-  // The new row, rounded to the storage type: what every later step reads.
-  for (int d = threadIdx.x; d < D; d += kThreads) k_s[d] = rounded<S>(k_s[d]);
-  __syncthreads();
+  // q heads and the new k row (k_s follows the kMaxG q rows; the rows past
+  // Gz are zeros and stay zeros) in one pass.
+  if (a.prologue())
+    head_prologue(q_s, kMaxG + 1, kMaxG, D, a.q_norm ? qn_s : nullptr, a.k_norm ? kn_s : nullptr, a.norm_eps,
+                  a.norm_plus_one, a.inv_freq ? if_s : nullptr, p);
   if (split == 0 && zg == 0) {
     const int32_t slot = slot_of(a.rule, p);
     if (p >= 0 && slot < a.rule.pool) {
@@ -523,9 +525,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
 #pragma unroll 8
         for (int v = 0; v < D; v += 8) {
           float kf[8];
-          if (fresh) {
+          if (fresh) {  // the new row as stored: rounded to the storage type
 #pragma unroll
-            for (int e = 0; e < 8; ++e) kf[e] = k_s[v + e];
+            for (int e = 0; e < 8; ++e) kf[e] = rounded<S>(k_s[v + e]);
           } else {
             detail::unpack8(detail::load8(kr + v), kf);
           }
@@ -651,7 +653,7 @@ __global__ void write_kv_kernel(AttnArgs<S> a) {
   __shared__ float k_s[256];
   for (int d = threadIdx.x; d < a.D; d += blockDim.x) k_s[d] = kr[d];
   __syncthreads();
-  head_prologue(k_s, 1, a.D, a.k_norm, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
+  head_prologue(k_s, 1, 1, a.D, a.k_norm, nullptr, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
   for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
     kw[d] = detail::from_f32<S>(k_s[d]);
     vw[d] = detail::from_f32<S>(vr[d]);
