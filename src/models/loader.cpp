@@ -76,6 +76,25 @@ struct Loader {
   }
 };
 
+// Where the decoder's tensors live. Text-only checkpoints name them
+// "model.*". Gemma 3 multimodal checkpoints (Gemma3ForConditionalGeneration,
+// config with "text_config") keep the text decoder beside a vision tower: the
+// published ones as "language_model.model.*" (lm_head, when present, as
+// "language_model.lm_head.weight"), those saved by newer transformers as
+// "model.language_model.*". Only the decoder is loaded.
+struct Names {
+  std::string decoder = "model.";
+  std::string lm_head = "lm_head.weight";
+};
+
+Names checkpoint_names(const WeightStore& store, const ModelConfig& c) {
+  if (!c.nested_text_config) return {};
+  if (store.has("language_model.model.embed_tokens.weight"))
+    return {"language_model.model.", "language_model.lm_head.weight"};
+  if (store.has("model.language_model.embed_tokens.weight")) return {"model.language_model.", "lm_head.weight"};
+  return {};  // the usual missing-tensor error names "model.embed_tokens.weight"
+}
+
 }  // namespace
 
 std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device device, const ProgressFn& progress) {
@@ -89,20 +108,22 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
   // CPU computes in f32; CUDA keeps 16-bit checkpoints in bf16.
   m->matrix_dtype_ = (device == Device::CUDA && c.weight_dtype != DType::F32) ? DType::BF16 : DType::F32;
   Loader ld{store, device, m->matrix_dtype_, 0, 0, progress, &m->weight_bytes_};
-  for (const std::string& n : store.names()) ld.total_bytes += store.get(n).nbytes;
+  const Names names = checkpoint_names(store, c);
+  for (const std::string& n : store.names())  // progress counts what is loaded (no vision tower)
+    if (n.rfind(names.decoder, 0) == 0 || n == names.lm_head) ld.total_bytes += store.get(n).nbytes;
 
   const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
   const int64_t QD = int64_t(c.num_heads) * hd, KD = int64_t(c.num_kv_heads) * hd;
-  m->embed_ = ld.get("model.embed_tokens.weight", {V, D}, true);
-  m->final_norm_ = ld.get("model.norm.weight", {D}, false);
-  if (c.tie_word_embeddings || !store.has("lm_head.weight")) {
-    if (!c.tie_word_embeddings) fail("weights", "missing tensor \"lm_head.weight\" in {}", dir.string());
+  m->embed_ = ld.get(names.decoder + "embed_tokens.weight", {V, D}, true);
+  m->final_norm_ = ld.get(names.decoder + "norm.weight", {D}, false);
+  if (c.tie_word_embeddings || !store.has(names.lm_head)) {
+    if (!c.tie_word_embeddings) fail("weights", "missing tensor \"{}\" in {}", names.lm_head, dir.string());
     m->lm_head_ = m->embed_;
   } else {
-    m->lm_head_ = ld.get("lm_head.weight", {V, D}, true);
+    m->lm_head_ = ld.get(names.lm_head, {V, D}, true);
   }
   for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = fmt::format("model.layers.{}.", l);
+    const std::string p = fmt::format("{}layers.{}.", names.decoder, l);
     LayerWeights L;
     const std::string at = p + "self_attn.";
     L.qkv_proj = ld.stacked({at + "q_proj.weight", at + "k_proj.weight", at + "v_proj.weight"}, {QD, KD, KD}, D);
