@@ -45,10 +45,17 @@ using ProgressFn = std::function<void(size_t done_bytes, size_t total_bytes)>;
 
 class Model {
  public:
-  // Loads config.json and the safetensors weights. Matrices are stored in
-  // f32 on the CPU; on CUDA in bf16 for bf16/f16 checkpoints, f32 otherwise.
+  // How the CPU stores a bf16 checkpoint's matrices. f32: widened once at
+  // load (fastest products, twice the memory). bf16: as stored, widened a
+  // panel at a time inside each product (exact; half the memory, slower when
+  // the model fits in cache). automatic: bf16 once the f32 copy would pass
+  // 1 GiB. Checkpoints stored in f16 or f32 are always f32 on the CPU.
+  enum class CpuWeights { automatic, f32, bf16 };
+  // Loads config.json and the safetensors weights. Matrices: on CUDA in bf16
+  // for bf16/f16 checkpoints, f32 otherwise; on the CPU as `cpu_weights` says.
   static std::shared_ptr<Model> load(const std::filesystem::path& dir, Device device,
-                                     const ProgressFn& progress = {});
+                                     const ProgressFn& progress = {},
+                                     CpuWeights cpu_weights = CpuWeights::automatic);
   // Random bf16 weights at the real shape of a published model (no files):
   // qwen2.5-0.5b, llama3.2-1b, llama3.1-8b, mistral-7b, gemma3-1b.
   static std::shared_ptr<Model> synthetic(const std::string& name, Device device, uint64_t seed = 1);

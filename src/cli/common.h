@@ -23,6 +23,7 @@ struct ModelFlags {
   int capacity = 0;         // 0: prompt + new tokens (generate) or model maximum
   int chunk = 64;           // prefill step (max_write)
   std::string kv_dtype;     // f32 | bf16 | f16; default f32 on CPU, bf16 on CUDA
+  std::string cpu_weights = "auto";  // auto | f32 | bf16 (Model::CpuWeights)
   bool eager = false;
   bool quiet = false;
   void add(CLI::App& app);

@@ -97,7 +97,8 @@ Names checkpoint_names(const WeightStore& store, const ModelConfig& c) {
 
 }  // namespace
 
-std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device device, const ProgressFn& progress) {
+std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device device, const ProgressFn& progress,
+                                   CpuWeights cpu_weights) {
   std::shared_ptr<Model> m(new Model());
   m->cfg_ = load_model_config(dir);
   m->device_ = device;
@@ -105,16 +106,29 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
   const ModelConfig& c = m->cfg_;
   WeightStore store(dir);
 
-  // CPU computes in f32; CUDA keeps 16-bit checkpoints in bf16.
-  m->matrix_dtype_ = (device == Device::CUDA && c.weight_dtype != DType::F32) ? DType::BF16 : DType::F32;
-  Loader ld{store, device, m->matrix_dtype_, 0, 0, progress, &m->weight_bytes_};
   const Names names = checkpoint_names(store, c);
-  for (const std::string& n : store.names())  // progress counts what is loaded (no vision tower)
-    if (n.rfind(names.decoder, 0) == 0 || n == names.lm_head) ld.total_bytes += store.get(n).nbytes;
+  size_t stored_bytes = 0;  // what is loaded (no vision tower): progress counts it
+  for (const std::string& n : store.names())
+    if (n.rfind(names.decoder, 0) == 0 || n == names.lm_head) stored_bytes += store.get(n).nbytes;
+
+  // Matrices: CUDA keeps 16-bit checkpoints in bf16. The CPU keeps a
+  // checkpoint in bf16 only when it is stored in bf16 (lossless) and
+  // cpu_weights allows it (see CpuWeights); otherwise it widens to f32.
+  const std::string embed_name = names.decoder + "embed_tokens.weight";
+  const bool stored_bf16 =
+      c.weight_dtype == DType::BF16 && store.has(embed_name) && store.get(embed_name).dtype == DType::BF16;
+  bool bf16 = c.weight_dtype != DType::F32;
+  if (device == Device::CPU) {
+    constexpr size_t kAutoBf16 = size_t(1) << 30;  // f32 bytes above which automatic keeps bf16
+    bf16 = stored_bf16 && (cpu_weights == CpuWeights::bf16 ||
+                           (cpu_weights == CpuWeights::automatic && 2 * stored_bytes > kAutoBf16));
+  }
+  m->matrix_dtype_ = bf16 ? DType::BF16 : DType::F32;
+  Loader ld{store, device, m->matrix_dtype_, stored_bytes, 0, progress, &m->weight_bytes_};
 
   const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
   const int64_t QD = int64_t(c.num_heads) * hd, KD = int64_t(c.num_kv_heads) * hd;
-  m->embed_ = ld.get(names.decoder + "embed_tokens.weight", {V, D}, true);
+  m->embed_ = ld.get(embed_name, {V, D}, true);
   m->final_norm_ = ld.get(names.decoder + "norm.weight", {D}, false);
   if (c.tie_word_embeddings || !store.has(names.lm_head)) {
     if (!c.tie_word_embeddings) fail("weights", "missing tensor \"{}\" in {}", names.lm_head, dir.string());

@@ -30,6 +30,13 @@ void need_cpu_weight(const Tensor& t, const char* op) {
   if (t.dtype() != DType::F32) fail(op, "CPU backend expects f32 weights, got {}", dtype_name(t.dtype()));
 }
 
+// Matrices (embedding tables, linear weights and their biases) may also be
+// bf16 on the CPU: a bf16 checkpoint stays bf16 in memory.
+void need_cpu_matrix(const Tensor& t, const char* op) {
+  if (t.dtype() != DType::F32 && t.dtype() != DType::BF16)
+    fail(op, "CPU backend expects f32 or bf16 weights, got {}", dtype_name(t.dtype()));
+}
+
 }  // namespace
 
 void embedding(Stream& s, const Tensor& table, const Tensor& ids, Tensor& out, float scale) {
@@ -39,7 +46,12 @@ void embedding(Stream& s, const Tensor& table, const Tensor& ids, Tensor& out, f
   const int D = static_cast<int>(table.dim(1));
   need(out.numel() == int64_t(T) * D, "embedding", "out must be [T, D]");
   if (s.device() == Device::CUDA) KV_CUDA_OP(embedding, s, table, ids, out, scale);
-  need_cpu_weight(table, "embedding");
+  need_cpu_matrix(table, "embedding");
+  if (table.dtype() == DType::BF16) {
+    s.submit([tab = table.data<uint16_t>(), V = table.dim(0), id = ids.data<int32_t>(), T, D, scale,
+              o = out.data<float>()] { cpu::embedding_bf16(tab, V, id, T, D, scale, o); });
+    return;
+  }
   s.submit([tab = table.data<float>(), V = table.dim(0), id = ids.data<int32_t>(), T, D, scale,
             o = out.data<float>()] { cpu::embedding(tab, V, id, T, D, scale, o); });
 }
@@ -79,11 +91,20 @@ void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const Line
     if (o.residual->numel() != out.numel()) fail("linear", "residual must be shaped like out");
   }
   if (s.device() == Device::CUDA) KV_CUDA_OP(linear, s, x, w, out, o);
-  need_cpu_weight(w, "linear");
-  s.submit([xp = x.data<float>(), wp = w.data<float>(), bp = o.bias ? o.bias->data<float>() : nullptr,
+  need_cpu_matrix(w, "linear");
+  if (o.bias && o.bias->dtype() != w.dtype())
+    fail("linear", "bias dtype {} differs from the weights' {}", dtype_name(o.bias->dtype()), dtype_name(w.dtype()));
+  const bool bf16 = w.dtype() == DType::BF16;
+  s.submit([xp = x.data<float>(), wp = w.raw(), bp = o.bias ? o.bias->raw() : nullptr, bf16,
             np = o.norm ? o.norm->data<float>() : nullptr, eps = o.norm_eps, plus_one = o.norm_plus_one,
             gated = o.gated, act = o.act, rp = o.residual ? o.residual->data<float>() : nullptr,
             op = out.data<float>(), T, N, K] {
+    auto product = [&](const float* in, float* y) {
+      if (bf16)
+        cpu::linear_bf16(in, static_cast<const uint16_t*>(wp), static_cast<const uint16_t*>(bp), y, T, N, K);
+      else
+        cpu::linear(in, static_cast<const float*>(wp), static_cast<const float*>(bp), y, T, N, K);
+    };
     thread_local std::vector<float> xn, y;
     const float* in = xp;
     if (np) {
@@ -92,11 +113,11 @@ void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const Line
       in = xn.data();
     }
     if (!gated && !rp) {
-      cpu::linear(in, wp, bp, op, T, N, K);
+      product(in, op);
       return;
     }
     y.resize(size_t(T) * N);
-    cpu::linear(in, wp, bp, y.data(), T, N, K);
+    product(in, y.data());
     const int64_t n_out = gated ? int64_t(T) * (N / 2) : int64_t(T) * N;
     for (int64_t i = 0; i < n_out; ++i)
       op[i] = gated ? cpu::activation(y[2 * i], act) * y[2 * i + 1] : y[i] + rp[i];

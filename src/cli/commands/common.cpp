@@ -19,6 +19,10 @@ void ModelFlags::add(CLI::App& app) {
   app.add_option("--capacity", capacity, "KV cache capacity in tokens (default: fits the request)");
   app.add_option("--chunk", chunk, "Prefill step size in tokens (max_write)")->capture_default_str();
   app.add_option("--kv-dtype", kv_dtype, "KV cache storage: f32, bf16 or f16");
+  app.add_option("--cpu-weights", cpu_weights,
+                 "CPU storage of a bf16 checkpoint: auto (bf16 above 1 GiB as f32), f32 or bf16 (half the memory)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16"}))
+      ->capture_default_str();
   app.add_flag("--eager", eager, "Decode without recording the step (debugging, parity)");
   app.add_flag("-q,--quiet", quiet, "No progress or timings on stderr");
 }
@@ -57,6 +61,9 @@ std::shared_ptr<Model> load_model(const ModelFlags& f, double* seconds) {
     if (!std::filesystem::exists(dir)) fail("cli", "model directory {} does not exist", dir.string());
     const bool bar = !f.quiet && isatty(STDERR_FILENO);
     int last = -1;
+    const Model::CpuWeights cw = f.cpu_weights == "f32"    ? Model::CpuWeights::f32
+                                 : f.cpu_weights == "bf16" ? Model::CpuWeights::bf16
+                                                           : Model::CpuWeights::automatic;
     m = Model::load(dir, dev, [&](size_t done, size_t total) {
       if (!bar || total < (64u << 20)) return;
       int pct = static_cast<int>(100.0 * done / total);
@@ -66,7 +73,7 @@ std::shared_ptr<Model> load_model(const ModelFlags& f, double* seconds) {
       fmt::print(stderr, "\rloading {} [{}{}] {:3d}% of {:.1f} GB", dir.filename().string(), std::string(w, '#'),
                  std::string(25 - w, ' '), pct, total / 1e9);
       if (done >= total) fmt::print(stderr, "\n");
-    });
+    }, cw);
   }
   if (seconds) *seconds = seconds_since(t0);
   return m;

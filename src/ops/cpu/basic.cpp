@@ -42,6 +42,35 @@ void linear(const float* x, const float* w, const float* bias, float* out, int T
       for (int n = 0; n < N; ++n) out[static_cast<int64_t>(t) * N + n] += bias[n];
 }
 
+void linear_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* out, int T, int N, int K) {
+  // Panels of about 64K weights (256 KB as f32, cache resident while the
+  // product reads them).
+  const int rows = std::clamp((1 << 16) / std::max(K, 1), 1, N);
+  thread_local std::vector<float> panel;
+  panel.resize(static_cast<size_t>(rows) * K);
+  for (int n0 = 0; n0 < N; n0 += rows) {
+    const int n = std::min(rows, N - n0);
+    const uint16_t* src = w + static_cast<int64_t>(n0) * K;
+    for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) panel[i] = bf16_to_f32(src[i]);
+    if (T == 1)
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, K, 1.0f, panel.data(), K, x, 1, 0.0f, out + n0, 1);
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, K, 1.0f, x, K, panel.data(), K, 0.0f, out + n0, N);
+  }
+  if (bias)
+    for (int t = 0; t < T; ++t)
+      for (int n = 0; n < N; ++n) out[static_cast<int64_t>(t) * N + n] += bf16_to_f32(bias[n]);
+}
+
+void embedding_bf16(const uint16_t* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out) {
+  for (int t = 0; t < T; ++t) {
+    const int32_t id = ids[t];
+    if (id < 0 || id >= V) fail("embedding", "token id {} out of range [0, {})", id, V);
+    const uint16_t* row = table + static_cast<int64_t>(id) * D;
+    for (int d = 0; d < D; ++d) out[static_cast<int64_t>(t) * D + d] = bf16_to_f32(row[d]) * scale;
+  }
+}
+
 void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D) {
   const int half = D / 2;
   const int64_t row_stride = static_cast<int64_t>(H) * D;

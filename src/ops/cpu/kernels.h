@@ -11,6 +11,10 @@ void embedding(const float* table, int64_t V, const int32_t* ids, int T, int D, 
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int D, float eps, bool plus_one);
 // out [T, N] = x [T, K] @ w [N, K]^T + bias
 void linear(const float* x, const float* w, const float* bias, float* out, int T, int N, int K);
+// The same with bf16 weights (and bias, when given): widened to f32 a panel of
+// rows at a time (exact), so a bf16 checkpoint stays bf16 in memory.
+void linear_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* out, int T, int N, int K);
+void embedding_bf16(const uint16_t* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out);
 void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D);  // x [T, H, D] in place
 float activation(float g, Activation act);  // silu(g) or gelu_tanh(g)
 void act_mul(const float* gate, const float* up, float* out, int64_t n, Activation act);
