@@ -10,6 +10,7 @@
 #include "kvgraph/dtype.h"
 #include "kvgraph/model.h"
 #include "kvgraph/session.h"
+#include "support/files.h"
 #include "support/fixtures.h"
 #include "support/temp_dir.h"
 
@@ -20,11 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
 // The fixture `family` (stored in f32) with every tensor rounded to bf16,
 // written as BF16 (bf16 = true) or as the rounded values in F32.
 void write_rounded(const std::string& family, const fs::path& dir, bool bf16) {
@@ -34,11 +30,9 @@ void write_rounded(const std::string& family, const fs::path& dir, bool bf16) {
   cfg["dtype"] = bf16 ? "bfloat16" : "float32";
   std::ofstream(dir / "config.json") << cfg.dump(2);
 
-  const std::string bytes = read_file(src / "model.safetensors");
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  const json header = json::parse(bytes.substr(8, n));
-  const char* data = bytes.data() + 8 + n;
+  const SafetensorsParts src_file = read_safetensors(src / "model.safetensors");
+  const json& header = src_file.header;
+  const char* data = src_file.data.data();
   // Tensors in data order, so the output stays contiguous.
   std::vector<std::pair<uint64_t, std::string>> order;
   for (auto it = header.begin(); it != header.end(); ++it)
@@ -64,11 +58,7 @@ void write_rounded(const std::string& family, const fs::path& dir, bool bf16) {
     }
     out[name] = {{"dtype", bf16 ? "BF16" : "F32"}, {"shape", t["shape"]}, {"data_offsets", {at, body.size()}}};
   }
-  const std::string h = out.dump();
-  const uint64_t hn = h.size();
-  std::string file(8, '\0');
-  std::memcpy(file.data(), &hn, 8);
-  std::ofstream(dir / "model.safetensors", std::ios::binary) << file << h << body;
+  write_bytes(dir / "model.safetensors", safetensors_bytes(out.dump(), body));
 }
 
 std::vector<float> all_logits(const std::shared_ptr<Model>& model, const std::vector<int32_t>& ids, int chunk) {

@@ -13,6 +13,7 @@
 #include "kvgraph/error.h"
 #include "kvgraph/model.h"
 #include "kvgraph/session.h"
+#include "support/files.h"
 #include "support/fixtures.h"
 #include "support/temp_dir.h"
 
@@ -22,11 +23,6 @@ using json = nlohmann::json;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::string read_file(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
 
 // The gemma3 fixture rewritten as a multimodal checkpoint: config under
 // "text_config", every tensor renamed from "model.*" to decoder_prefix + "*",
@@ -42,11 +38,9 @@ void write_multimodal(const fs::path& dir, const std::string& decoder_prefix, co
               {"vision_config", {{"model_type", "siglip_vision_model"}, {"hidden_size", 8}}}};
   std::ofstream(dir / "config.json") << cfg.dump(2);
 
-  const std::string bytes = read_file(src / "model.safetensors");
-  uint64_t n = 0;
-  std::memcpy(&n, bytes.data(), 8);
-  const json header = json::parse(bytes.substr(8, n));
-  std::string data = keep_decoder ? bytes.substr(8 + n) : std::string();
+  const SafetensorsParts src_file = read_safetensors(src / "model.safetensors");
+  const json& header = src_file.header;
+  std::string data = keep_decoder ? src_file.data : std::string();
   json out = json::object();
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__" || !keep_decoder) continue;
@@ -57,11 +51,7 @@ void write_multimodal(const fs::path& dir, const std::string& decoder_prefix, co
   const float vision[4] = {1.f, 2.f, 3.f, 4.f};
   data.append(reinterpret_cast<const char*>(vision), sizeof(vision));
   out[vision_name] = {{"dtype", "F32"}, {"shape", {2, 2}}, {"data_offsets", {off, off + sizeof(vision)}}};
-  const std::string h = out.dump();
-  const uint64_t hn = h.size();
-  std::string file(8, '\0');
-  std::memcpy(file.data(), &hn, 8);
-  std::ofstream(dir / "model.safetensors", std::ios::binary) << file << h << data;
+  write_bytes(dir / "model.safetensors", safetensors_bytes(out.dump(), data));
 }
 
 double worst_logit_error(const std::shared_ptr<Model>& model, const Reference& ref) {

@@ -2,7 +2,6 @@
 // malformed file per validation rule, each checked for its message.
 #include "kvgraph/safetensors.h"
 
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -16,6 +15,7 @@
 
 #include "kvgraph/error.h"
 
+#include "support/files.h"
 #include "support/temp_dir.h"
 
 namespace kvgraph {
@@ -26,19 +26,8 @@ using ::testing::HasSubstr;
 using json = nlohmann::json;
 
 using kvgraph::testing::TempDir;
-
-void write_bytes(const fs::path& p, const std::string& bytes) {
-  std::ofstream out(p, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
-
-// [u64 header length][header][data]
-std::string file_bytes(const std::string& header, const std::string& data) {
-  uint64_t n = header.size();
-  std::string s(8, '\0');
-  std::memcpy(s.data(), &n, 8);
-  return s + header + data;
-}
+using kvgraph::testing::safetensors_bytes;
+using kvgraph::testing::write_bytes;
 
 template <typename T>
 std::string raw(const std::vector<T>& v) {
@@ -63,7 +52,7 @@ std::string build(const std::vector<TensorSpec>& tensors, const json& metadata =
     h[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
     data += t.bytes;
   }
-  return file_bytes(h.dump(), data);
+  return safetensors_bytes(h.dump(), data);
 }
 
 // The message of the kvgraph::Error `f` throws ("" if none).
@@ -153,7 +142,7 @@ TEST(Safetensors, UnalignedDataIsReadCorrectly) {
   std::string header = h.dump();
   while ((8 + header.size()) % 4 != 1) header += ' ';  // trailing whitespace is allowed padding
   const fs::path p = dir.path() / "x.safetensors";
-  write_bytes(p, file_bytes(header, raw(v)));
+  write_bytes(p, safetensors_bytes(header, raw(v)));
   SafetensorsFile f(p);
   EXPECT_EQ(to_f32(f.get("x")), v);
 }
@@ -182,7 +171,7 @@ TEST(SafetensorsErrors, FileShorterThanEightBytes) {
 
 TEST(SafetensorsErrors, HeaderLengthPastEndOfFile) {
   TempDir dir;
-  std::string bytes = file_bytes("{}", "");
+  std::string bytes = safetensors_bytes("{}", "");
   uint64_t n = 1000;
   std::memcpy(bytes.data(), &n, 8);
   EXPECT_THAT(open_error(dir, bytes), HasSubstr("header length 1000 runs past the end of the file (10 bytes)"));
@@ -190,53 +179,56 @@ TEST(SafetensorsErrors, HeaderLengthPastEndOfFile) {
 
 TEST(SafetensorsErrors, HeaderNotJson) {
   TempDir dir;
-  const std::string msg = open_error(dir, file_bytes("{\"a\": [1, 2", ""));
+  const std::string msg = open_error(dir, safetensors_bytes("{\"a\": [1, 2", ""));
   EXPECT_THAT(msg, HasSubstr("header is not valid JSON"));
   EXPECT_THAT(msg, HasSubstr("at byte"));
 }
 
 TEST(SafetensorsErrors, HeaderNotAnObject) {
   TempDir dir;
-  EXPECT_THAT(open_error(dir, file_bytes("[1, 2, 3]", "")), HasSubstr("header is not a JSON object"));
+  EXPECT_THAT(open_error(dir, safetensors_bytes("[1, 2, 3]", "")), HasSubstr("header is not a JSON object"));
 }
 
 TEST(SafetensorsErrors, EntryNotAnObject) {
   TempDir dir;
-  EXPECT_THAT(open_error(dir, file_bytes(R"({"w": 3})", "")), HasSubstr("tensor \"w\": entry is not an object"));
+  EXPECT_THAT(open_error(dir, safetensors_bytes(R"({"w": 3})", "")), HasSubstr("tensor \"w\": entry is not an object"));
 }
 
 TEST(SafetensorsErrors, UnknownDtypeIsNamed) {
   TempDir dir;
   const std::string h = R"({"w": {"dtype": "Q7", "shape": [2], "data_offsets": [0, 2]}})";
-  EXPECT_THAT(open_error(dir, file_bytes(h, "xx")), HasSubstr("tensor \"w\": unknown dtype \"Q7\""));
+  EXPECT_THAT(open_error(dir, safetensors_bytes(h, "xx")), HasSubstr("tensor \"w\": unknown dtype \"Q7\""));
 }
 
 TEST(SafetensorsErrors, MissingFieldsAreNamed) {
   TempDir dir;
-  EXPECT_THAT(open_error(dir, file_bytes(R"({"w": {"shape": [1], "data_offsets": [0, 4]}})", "abcd")),
+  EXPECT_THAT(open_error(dir, safetensors_bytes(R"({"w": {"shape": [1], "data_offsets": [0, 4]}})", "abcd")),
               HasSubstr("tensor \"w\": missing \"dtype\""));
-  EXPECT_THAT(open_error(dir, file_bytes(R"({"w": {"dtype": "F32", "data_offsets": [0, 4]}})", "abcd")),
+  EXPECT_THAT(open_error(dir, safetensors_bytes(R"({"w": {"dtype": "F32", "data_offsets": [0, 4]}})", "abcd")),
               HasSubstr("tensor \"w\": missing \"shape\""));
-  EXPECT_THAT(open_error(dir, file_bytes(R"({"w": {"dtype": "F32", "shape": [1]}})", "abcd")),
+  EXPECT_THAT(open_error(dir, safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [1]}})", "abcd")),
               HasSubstr("tensor \"w\": missing \"data_offsets\""));
 }
 
 TEST(SafetensorsErrors, BadShapeAndOffsetsValues) {
   TempDir dir;
-  EXPECT_THAT(open_error(dir, file_bytes(R"({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "abcd")),
-              HasSubstr("\"shape\" must be a list of non-negative integers"));
-  EXPECT_THAT(open_error(dir, file_bytes(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0]}})", "abcd")),
-              HasSubstr("\"data_offsets\" must be [begin, end]"));
   EXPECT_THAT(
-      open_error(dir, file_bytes(R"({"w": {"dtype": "F32", "shape": [4611686018427387904, 8], "data_offsets": [0, 4]}})",
-                                 "abcd")),
+      open_error(dir, safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 4]}})", "abcd")),
+      HasSubstr("\"shape\" must be a list of non-negative integers"));
+  EXPECT_THAT(
+      open_error(dir, safetensors_bytes(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0]}})", "abcd")),
+      HasSubstr("\"data_offsets\" must be [begin, end]"));
+  EXPECT_THAT(
+      open_error(dir,
+                 safetensors_bytes(
+                     R"({"w": {"dtype": "F32", "shape": [4611686018427387904, 8], "data_offsets": [0, 4]}})", "abcd")),
       HasSubstr("too large"));
 }
 
 TEST(SafetensorsErrors, ShapeAndOffsetsSizeMismatch) {
   TempDir dir;
   const std::string h = R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 20]}})";
-  EXPECT_THAT(open_error(dir, file_bytes(h, std::string(24, '\0'))),
+  EXPECT_THAT(open_error(dir, safetensors_bytes(h, std::string(24, '\0'))),
               HasSubstr("tensor \"w\": size mismatch: shape [2, 3] of F32 needs 24 bytes but data_offsets [0, 20] "
                         "hold 20"));
 }
@@ -244,14 +236,14 @@ TEST(SafetensorsErrors, ShapeAndOffsetsSizeMismatch) {
 TEST(SafetensorsErrors, EndBeforeBegin) {
   TempDir dir;
   const std::string h = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [8, 4]}})";
-  EXPECT_THAT(open_error(dir, file_bytes(h, std::string(8, '\0'))),
+  EXPECT_THAT(open_error(dir, safetensors_bytes(h, std::string(8, '\0'))),
               HasSubstr("tensor \"w\": data_offsets [8, 4] end before begin"));
 }
 
 TEST(SafetensorsErrors, OffsetsOutOfRange) {
   TempDir dir;
   const std::string h = R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})";
-  const std::string msg = open_error(dir, file_bytes(h, std::string(8, '\0')));
+  const std::string msg = open_error(dir, safetensors_bytes(h, std::string(8, '\0')));
   EXPECT_THAT(msg, HasSubstr("tensor \"w\": data_offsets [0, 16] out of range: the data section has 8 bytes"));
 }
 
@@ -268,18 +260,18 @@ TEST(SafetensorsErrors, OverlappingTensors) {
   TempDir dir;
   const std::string h = R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
                             "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})";
-  EXPECT_THAT(open_error(dir, file_bytes(h, std::string(24, '\0'))),
+  EXPECT_THAT(open_error(dir, safetensors_bytes(h, std::string(24, '\0'))),
               HasSubstr("tensors \"a\" [0, 16] and \"b\" [8, 24] overlap"));
 }
 
 TEST(SafetensorsErrors, DataMustStartAtZeroWithoutGaps) {
   TempDir dir;
   const std::string start = R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})";
-  EXPECT_THAT(open_error(dir, file_bytes(start, std::string(8, '\0'))),
+  EXPECT_THAT(open_error(dir, safetensors_bytes(start, std::string(8, '\0'))),
               HasSubstr("tensor \"a\" starts at byte 4 of the data section, expected 0"));
   const std::string gap = R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
                               "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})";
-  EXPECT_THAT(open_error(dir, file_bytes(gap, std::string(12, '\0'))),
+  EXPECT_THAT(open_error(dir, safetensors_bytes(gap, std::string(12, '\0'))),
               HasSubstr("gap between tensor \"a\" (ends at 4) and \"b\" (starts at 8)"));
 }
 

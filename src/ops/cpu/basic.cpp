@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "kvgraph/error.h"
@@ -12,13 +13,32 @@
 
 namespace kvgraph::cpu {
 
-void embedding(const float* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out) {
+namespace {
+
+// Rows of an embedding table (f32 or bf16 storage), scaled.
+template <typename W>
+void embed_rows(const W* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out) {
   for (int t = 0; t < T; ++t) {
     const int32_t id = ids[t];
     if (id < 0 || id >= V) fail("embedding", "token id {} out of range [0, {})", id, V);
-    const float* row = table + static_cast<int64_t>(id) * D;
-    for (int d = 0; d < D; ++d) out[static_cast<int64_t>(t) * D + d] = row[d] * scale;
+    const W* row = table + static_cast<int64_t>(id) * D;
+    for (int d = 0; d < D; ++d) {
+      float v;
+      if constexpr (std::is_same_v<W, float>) v = row[d];
+      else v = bf16_to_f32(row[d]);
+      out[static_cast<int64_t>(t) * D + d] = v * scale;
+    }
   }
+}
+
+}  // namespace
+
+void embedding(const float* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out) {
+  embed_rows(table, V, ids, T, D, scale, out);
+}
+
+void embedding_bf16(const uint16_t* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out) {
+  embed_rows(table, V, ids, T, D, scale, out);
 }
 
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int D, float eps, bool plus_one) {
@@ -60,15 +80,6 @@ void linear_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float*
   if (bias)
     for (int t = 0; t < T; ++t)
       for (int n = 0; n < N; ++n) out[static_cast<int64_t>(t) * N + n] += bf16_to_f32(bias[n]);
-}
-
-void embedding_bf16(const uint16_t* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out) {
-  for (int t = 0; t < T; ++t) {
-    const int32_t id = ids[t];
-    if (id < 0 || id >= V) fail("embedding", "token id {} out of range [0, {})", id, V);
-    const uint16_t* row = table + static_cast<int64_t>(id) * D;
-    for (int d = 0; d < D; ++d) out[static_cast<int64_t>(t) * D + d] = bf16_to_f32(row[d]) * scale;
-  }
 }
 
 void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D) {
