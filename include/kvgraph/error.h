@@ -14,6 +14,14 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The cache has no room for what was asked; nothing was written. Callers
+// that treat the cache limit as a stop (generation ends with reason
+// "length") catch this one.
+class CacheFull : public Error {
+ public:
+  using Error::Error;
+};
+
 // fail("sequence_cache", "layer {}: bad window {}", l, w) throws
 // Error("[sequence_cache] layer 3: bad window 0").
 template <typename... Args>

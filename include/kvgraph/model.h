@@ -77,8 +77,9 @@ class Model {
 
   // Submits one step of T tokens: ids i32 [T] and pos i32 [1] are step-state
   // tensors read when the ops run. Fills ws.logits: every row (all_logits) or
-  // the last token's row (row 0). Does not advance pos.
-  void forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor& ids, const Tensor& pos, int T,
+  // the last token's row (row 0). Does not advance pos. Returns the cache
+  // step, for cache.commit once the step has run.
+  CacheStep forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor& ids, const Tensor& pos, int T,
                bool all_logits) const;
 
  private:

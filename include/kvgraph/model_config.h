@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "kvgraph/dtype.h"
+#include "kvgraph/scalar.h"
 
 namespace kvgraph {
 
 enum class Family { Llama, Qwen2, Mistral, Gemma2, Gemma3, Qwen3 };
-enum class Activation { SiLU, GeluTanh };
 
 std::string_view family_name(Family f);
 

@@ -9,7 +9,8 @@
 // token ids come from step-state tensors on the device.
 #include <cstdint>
 
-#include "kvgraph/model_config.h"
+#include "kvgraph/cache/sequence_cache.h"
+#include "kvgraph/op_types.h"
 #include "kvgraph/stream.h"
 #include "kvgraph/tensor.h"
 
@@ -25,23 +26,7 @@ void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float ep
 // out f32 [T, N] = x f32 [T, K] @ w[N, K]^T (+ bias [N] when given).
 void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Tensor& out);
 
-// What a linear layer may fuse around its product (the decoder's fused
-// kernels). In order: norm prologue, product, bias, then either the gate or
-// the residual.
-struct LinearOptions {
-  const Tensor* bias = nullptr;      // [N], same dtype as w
-  // RMSNorm prologue: each row of x is used as rms_norm(x) * norm (Gemma:
-  // * (1 + norm)); x itself is not modified. f32 [K].
-  const Tensor* norm = nullptr;
-  float norm_eps = 1e-6f;
-  bool norm_plus_one = false;
-  // Gated epilogue: w's rows interleave gate and up (gate_0, up_0, gate_1,
-  // ...), and out f32 [T, N/2] = act(x @ gate^T) * (x @ up^T).
-  bool gated = false;
-  Activation act = Activation::SiLU;
-  // Residual epilogue: out = ... + residual (f32 [T, N]; may alias out).
-  const Tensor* residual = nullptr;
-};
+// The same with fused prologue and epilogues (LinearOptions, op_types.h).
 void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const LinearOptions& o);
 
 // out f32 [rows, D] += rms_norm(x) * w (Gemma's post-norms on the residual stream).
@@ -60,15 +45,6 @@ void add(Stream& s, const Tensor& a, const Tensor& b, Tensor& out);
 // x = cap * tanh(x / cap), in place (f32).
 void softcap(Stream& s, Tensor& x, float cap);
 
-// Sampling parameters; temperature 0 means greedy (argmax, lowest id on ties).
-struct SamplingParams {
-  float temperature = 0.0f;
-  int top_k = 0;            // 0: off
-  float top_p = 1.0f;       // 1: off
-  float repetition_penalty = 1.0f;  // 1: off (HF rule: logit > 0 ? /p : *p)
-  uint64_t seed = 0;
-};
-
 // Picks the next token from logits f32 [V] into token i32 [1].
 //   config: u8 [sizeof(SamplingParams)] on the device holding the settings,
 //           read when the op runs (so one recorded step serves any settings).
@@ -84,6 +60,41 @@ void mark_seen(Stream& s, const Tensor& ids, Tensor& seen);
 
 // pos[0] += n: the last action of a step.
 void advance(Stream& s, Tensor& pos, int n);
+
+// update_and_attend: one layer's step of a sequence cache. Writes the step's
+// k/v rows into the layer's pool (rounded to the storage dtype), then attends
+// every query over exactly the rows it may see (causal; a band for ring
+// layers; GQA), from the pool, in f32. Designated-initialised:
+//
+//   ops::update_and_attend(s, {.cache = &cache, .step = step, .layer = l,
+//                              .qkv = &qkv, .out = &attn, .scale = 0.125f});
+//
+// Shapes (f32): q [T, n_heads, head_dim], k/v [T, n_kv_heads, head_dim], or
+// qkv [T, (n_heads + 2 n_kv_heads) * head_dim] packed per token as a fused
+// QKV projection writes it ([q heads | k heads | v heads]); out
+// [T, n_heads, head_dim].
+struct AttendArgs {
+  SequenceCache* cache = nullptr;
+  CacheStep step;  // from cache->begin_step
+  int layer = 0;
+  const Tensor* q = nullptr;  // q, k and v ...
+  const Tensor* k = nullptr;
+  const Tensor* v = nullptr;
+  const Tensor* qkv = nullptr;  // ... or packed
+  Tensor* out = nullptr;
+  float scale = 1.0f;    // applied to q.k
+  float softcap = 0.0f;  // 0: none; else logits = softcap * tanh(logits / softcap)
+  // Prologue on every q head and every new k head, before the write and the
+  // products (the inputs are not modified): per-head RMSNorm when the weights
+  // are given (f32 [head_dim]; Qwen3 and Gemma 3 q/k norms), then rotate-half
+  // RoPE at the token's position when rope_inv_freq is (f32 [head_dim / 2]).
+  const Tensor* q_norm = nullptr;
+  const Tensor* k_norm = nullptr;
+  float norm_eps = 1e-6f;
+  bool norm_plus_one = false;
+  const Tensor* rope_inv_freq = nullptr;
+};
+void update_and_attend(Stream& s, const AttendArgs& a);
 
 // dst[0..n) = src[0..n) (same dtype, same device).
 void copy(Stream& s, const Tensor& src, Tensor& dst);

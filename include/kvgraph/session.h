@@ -28,6 +28,7 @@ struct SessionOptions {
   DType kv_storage = DType::F32;
   bool eager = false;        // decode without recording (debugging, parity)
   bool all_logits = false;   // keep logits of every prefill position (scoring)
+  Tuning tuning;             // kernel launch choices (CUDA); results agree up to rounding
 };
 
 class Session {
@@ -69,7 +70,7 @@ class Session {
 
  private:
   void record_decode_step();
-  void submit_decode_step();
+  CacheStep submit_decode_step();
   int32_t read_token();
 
   std::shared_ptr<const Model> model_;
@@ -87,6 +88,7 @@ class Session {
   Tensor sampling_config_;  // u8 [sizeof(SamplingParams)]: sampling_ as the ops read it
   ops::SamplingParams uploaded_{-1.0f};  // last value copied into sampling_config_
   void upload_sampling();
+  CacheStep decode_step_;  // the recorded step's cache step
   bool have_logits_ = false;
   bool have_pending_ = false;
 };

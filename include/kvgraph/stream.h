@@ -9,22 +9,32 @@
 //
 // CUDA: ops launch kernels on one stream; while recording the stream is
 // captured into a CUDA graph, instantiated once and replayed per token.
+//
+// The stream also carries the kernel tuning (include/kvgraph/tuning.h) and,
+// through its backend, the per-stream scratch the backend's ops need.
 #include <functional>
 #include <memory>
 #include <vector>
 
 #include "kvgraph/tensor.h"
+#include "kvgraph/tuning.h"
 
 namespace kvgraph {
 
+class StreamBackend;  // src/ops/backend.h
+
 class Stream {
  public:
-  explicit Stream(Device device);
+  explicit Stream(Device device, Tuning tuning = {});
   ~Stream();
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
   Device device() const { return device_; }
+  const Tuning& tuning() const { return tuning_; }
+  // A recorded step keeps the tuning it was recorded with: setting another
+  // one discards the recording.
+  void set_tuning(const Tuning& t);
 
   // CPU ops: run now, or append to the tape while recording.
   void submit(std::function<void()> fn);
@@ -36,7 +46,7 @@ class Stream {
   bool has_recording() const;
   void discard_recording();
   int captures() const { return captures_; }  // how many steps were ever recorded
-  size_t recorded_ops() const { return tape_.size(); }  // CPU tape length
+  size_t recorded_ops() const;                 // CPU tape length
 
   void synchronize();
   // The first i32 of `t` once the stream's queued work is done (CUDA: one
@@ -49,18 +59,17 @@ class Stream {
   void queue_read_i32(const Tensor& t, int slot);
   std::vector<int32_t> collect_i32(int n);
   void reserve_reads(int n);  // room for n queued reads (waits for the stream when it grows)
-  void* cuda_stream() const { return cuda_stream_; }  // cudaStream_t, or nullptr on CPU
+
+  // The backend behind this stream (for the op backends in src/ops/).
+  StreamBackend& backend() const { return *backend_; }
 
  private:
   Device device_;
+  Tuning tuning_;
   bool recording_ = false;
   int captures_ = 0;
-  std::vector<std::function<void()>> tape_;
-  void* cuda_stream_ = nullptr;
-  void* graph_exec_ = nullptr;  // cudaGraphExec_t
-  int32_t* pinned_ = nullptr;   // CUDA: pinned host words for the reads (CPU: host_reads_)
-  int pinned_cap_ = 0;
-  std::vector<int32_t> host_reads_;
+  int read_cap_ = 0;
+  std::unique_ptr<StreamBackend> backend_;
 };
 
 }  // namespace kvgraph

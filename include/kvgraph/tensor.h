@@ -18,21 +18,35 @@ std::string_view device_name(Device d);
 Device parse_device(std::string_view name);  // "cpu" | "cuda"; throws otherwise
 bool cuda_available();                       // built with CUDA and a device is present
 
-// Raw device memory, freed on destruction (RAII).
+// Raw memory on one device, freed on destruction (RAII): the one owner of
+// device memory in kvgraph (the CUDA kernel layer's DeviceBuffer is this on
+// Device::CUDA). Movable, not copyable; contents are undefined until written.
 class Buffer {
  public:
+  Buffer() = default;
   Buffer(Device device, size_t bytes);
   ~Buffer();
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
 
   Device device() const { return device_; }
   size_t bytes() const { return bytes_; }
   void* data() const { return data_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+
+  // Synchronous host <-> buffer copies of `bytes` at byte `offset` (checked
+  // against the size), and a synchronous fill with zeros.
+  void upload(const void* src, size_t bytes, size_t offset = 0);
+  void download(void* dst, size_t bytes, size_t offset = 0) const;
+  void zero();
 
  private:
-  Device device_;
-  size_t bytes_;
+  void release() noexcept;
+  Device device_ = Device::CPU;
+  size_t bytes_ = 0;
   void* data_ = nullptr;
 };
 

@@ -4,10 +4,6 @@
 #include <climits>
 
 #include "kvgraph/error.h"
-#include "ops/cpu/attention.h"
-#ifdef KVGRAPH_HAVE_CUDA
-#include "ops/cuda/ops_cuda.h"
-#endif
 
 namespace kvgraph {
 
@@ -83,97 +79,36 @@ size_t SequenceCache::bytes_per_token(int layer) const {
   return 2 * static_cast<size_t>(l.n_kv_heads) * l.head_dim * dtype_size(config_.storage);
 }
 
-void SequenceCache::check_step(int32_t position, int32_t T) const {
-  for (const CachePolicy& p : policies_) (void)plan(p, position, T);  // throws on misfit
+void SequenceCache::reserve(int64_t n) const {
+  if (n < 0) fail("sequence_cache", "reserve({}): negative", n);
+  const int64_t cap = capacity();
+  if (length_ + n > cap)
+    throw CacheFull(fmt::format("[sequence_cache] cache is full: {} of {} positions used, {} more tokens do not "
+                                "fit; nothing was written",
+                                length_, cap, n));
 }
 
-void SequenceCache::begin_step(Stream& stream, const Tensor& pos, int32_t T) {
+CacheStep SequenceCache::begin_step(Stream& stream, const Tensor& pos, int32_t T) {
   if (pos.dtype() != DType::I32 || pos.numel() < 1 || pos.device() != config_.device)
     fail("sequence_cache", "begin_step: pos must be an i32 tensor on {}", device_name(config_.device));
-  step_pos_ = pos.data<int32_t>();
-  step_T_ = T;
-  if (config_.device != Device::CPU) return;  // kernels derive slots from pos themselves
-  // One plan per distinct policy, computed when the op runs.
-  stream.submit([this, p = step_pos_, T] {
-    for (size_t i = 0; i < policies_.size(); ++i) plans_[i] = plan(policies_[i], *p, T);
-  });
-}
-
-void SequenceCache::update_and_attend(Stream& stream, int layer, const Tensor& q, const Tensor& k,
-                                      const Tensor& v, Tensor& out, AttendParams params) {
-  if (layer < 0 || layer >= n_layers())
-    fail("update_and_attend", "layer {} out of range (cache has {} layers)", layer, n_layers());
-  if (!step_pos_) fail("update_and_attend", "layer {}: called before begin_step", layer);
-  const LayerSpec& l = config_.layers[layer];
-  const int32_t T = step_T_;
-  auto expect = [&](const Tensor& t, const char* name, int heads) {
-    if (t.dtype() != DType::F32 || t.numel() != static_cast<int64_t>(T) * heads * l.head_dim)
-      fail("update_and_attend", "layer {}: {} must be f32 [{}, {}, {}], got {} {}", layer, name, T, heads,
-           l.head_dim, dtype_name(t.dtype()), t.shape_str());
-  };
-  expect(q, "q", l.n_heads);
-  expect(k, "k", l.n_kv_heads);
-  expect(v, "v", l.n_kv_heads);
-  expect(out, "out", l.n_heads);
-  const int64_t qs = int64_t(l.n_heads) * l.head_dim, ks = int64_t(l.n_kv_heads) * l.head_dim;
-  attend(stream, layer, {q.data<float>(), qs}, {k.data<float>(), ks}, {v.data<float>(), ks}, out, params);
-}
-
-void SequenceCache::update_and_attend(Stream& stream, int layer, const Tensor& qkv, Tensor& out,
-                                      AttendParams params) {
-  if (layer < 0 || layer >= n_layers())
-    fail("update_and_attend", "layer {} out of range (cache has {} layers)", layer, n_layers());
-  if (!step_pos_) fail("update_and_attend", "layer {}: called before begin_step", layer);
-  const LayerSpec& l = config_.layers[layer];
-  const int32_t T = step_T_;
-  const int64_t qs = int64_t(l.n_heads) * l.head_dim, ks = int64_t(l.n_kv_heads) * l.head_dim;
-  const int64_t row = qs + 2 * ks;
-  if (qkv.dtype() != DType::F32 || qkv.numel() != T * row)
-    fail("update_and_attend", "layer {}: qkv must be f32 [{}, {}], got {} {}", layer, T, row,
-         dtype_name(qkv.dtype()), qkv.shape_str());
-  if (out.dtype() != DType::F32 || out.numel() != T * qs)
-    fail("update_and_attend", "layer {}: out must be f32 [{}, {}], got {} {}", layer, T, qs,
-         dtype_name(out.dtype()), out.shape_str());
-  const float* p = qkv.data<float>();
-  attend(stream, layer, {p, row}, {p + qs, row}, {p + qs + ks, row}, out, params);
-}
-
-void SequenceCache::attend(Stream& stream, int layer, Rows q, Rows k, Rows v, Tensor& out, AttendParams params) {
-  const LayerSpec& l = config_.layers[layer];
-  auto vec = [&](const Tensor* t, int64_t n, const char* name) -> const float* {
-    if (!t) return nullptr;
-    if (t->dtype() != DType::F32 || t->numel() != n || t->device() != config_.device)
-      fail("update_and_attend", "layer {}: {} must be f32 [{}] on {}, got {} {}", layer, name, n,
-           device_name(config_.device), dtype_name(t->dtype()), t->shape_str());
-    return t->data<float>();
-  };
-  const float* q_norm = vec(params.q_norm, l.head_dim, "q_norm");
-  const float* k_norm = vec(params.k_norm, l.head_dim, "k_norm");
-  const float* inv_freq = vec(params.rope_inv_freq, l.head_dim / 2, "rope_inv_freq");
+  if (T < 1 || T > max_write())
+    fail("sequence_cache", "begin_step: a step of {} tokens is outside [1, {}] (the largest step this cache takes)",
+         T, max_write());
+  CacheStep step{pos.data<int32_t>(), T, plans_.data()};
   if (config_.device == Device::CPU) {
-    cpu::AttentionArgs a{&plans_[policy_of_layer_[layer]], l.policy.rule(), config_.storage,
-                         k_[layer].raw(), v_[layer].raw(), q.p, k.p, v.p, out.data<float>(),
-                         l.n_heads, l.n_kv_heads, l.head_dim, params.scale, params.softcap,
-                         q.stride, k.stride, v.stride, q_norm, k_norm, params.norm_eps,
-                         params.norm_plus_one, inv_freq};
-    stream.submit([a] { cpu::update_and_attend(a); });
-    return;
+    // One plan per distinct policy, computed when the op runs (a recorded
+    // step reads the position then); plan() throws before any layer writes
+    // if the step would not fit.
+    stream.submit([this, p = step.pos, T] {
+      for (size_t i = 0; i < policies_.size(); ++i) plans_[i] = plan(policies_[i], *p, T);
+    });
   }
-#ifdef KVGRAPH_HAVE_CUDA
-  cuda_ops::CacheAttendArgs a{step_pos_, step_T_, l.policy.rule(), config_.storage, k_[layer].raw(),
-                              v_[layer].raw(), q.p, k.p, v.p, q.stride, k.stride, v.stride, out.data<float>(),
-                              l.n_heads, l.n_kv_heads, l.head_dim, params.scale, params.softcap,
-                              l.policy.is_ring() ? l.policy.pool() : l.policy.capacity(),
-                              q_norm, k_norm, params.norm_eps, params.norm_plus_one, inv_freq};
-  cuda_ops::update_and_attend(stream, a);
-#else
-  fail("update_and_attend", "has no implementation for device {}", device_name(config_.device));
-#endif
+  return step;
 }
 
-void SequenceCache::commit(int32_t T) {
-  check_step(length_, T);
-  length_ += T;
+void SequenceCache::commit(const CacheStep& step) {
+  reserve(step.T);
+  length_ += step.T;
   written_ = std::max(written_, length_);
 }
 

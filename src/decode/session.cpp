@@ -9,7 +9,7 @@ namespace kvgraph {
 Session::Session(std::shared_ptr<const Model> model, SessionOptions options)
     : model_(std::move(model)),
       opt_(options),
-      stream_(model_->device()),
+      stream_(model_->device(), options.tuning),
       cache_(model_->cache_config(options.capacity, std::min(options.max_write, options.capacity), options.kv_storage)) {
   opt_.max_write = std::min(opt_.max_write, cache_.max_write());
   ws_ = model_->make_workspace(opt_.max_write, opt_.all_logits);
@@ -49,25 +49,22 @@ void Session::prefill(std::span<const int32_t> ids, const ChunkFn& on_chunk) {
   for (int32_t id : ids)
     if (id < 0 || id >= V) fail("session", "token id {} out of range [0, {})", id, V);
   // Validate the whole prompt against the cache before writing anything.
-  if (static_cast<int64_t>(cache_.length()) + static_cast<int64_t>(ids.size()) > cache_.capacity())
-    fail("session", "prompt of {} tokens does not fit: {} of {} cache positions are free", ids.size(),
-         cache_.capacity() - cache_.length(), cache_.capacity());
+  cache_.reserve(static_cast<int64_t>(ids.size()));
   have_pending_ = false;
   size_t done = 0;
   while (done < ids.size()) {
     const int32_t T = static_cast<int32_t>(std::min<size_t>(opt_.max_write, ids.size() - done));
     const int32_t position = cache_.length();
-    cache_.check_step(position, T);
     // Host -> step state; the ops read them when they run.
     std::vector<int32_t> chunk(ids.begin() + done, ids.begin() + done + T);
     ids_.slice_rows(0, T).copy_from_host(chunk.data());
     pos_.copy_from_host(&position);
     Tensor chunk_ids = ids_.slice_rows(0, T);
-    model_->forward(stream_, cache_, ws_, ids_, pos_, T, opt_.all_logits);
+    const CacheStep step = model_->forward(stream_, cache_, ws_, ids_, pos_, T, opt_.all_logits);
     ops::mark_seen(stream_, chunk_ids, seen_);
     ops::advance(stream_, pos_, T);
     stream_.synchronize();
-    cache_.commit(T);
+    cache_.commit(step);
     if (on_chunk) {
       Tensor l = ws_.logits.slice_rows(0, opt_.all_logits ? T : 1);
       on_chunk(position, T, l.to_f32_vector());
@@ -93,18 +90,19 @@ int32_t Session::sample() {
 
 // The T=1 step: forward the pending token at pos, advance pos, sample the
 // next token into ids[0]. Everything per-token is read from ids_/pos_.
-void Session::submit_decode_step() {
+CacheStep Session::submit_decode_step() {
   Tensor tok = ids_.slice_rows(0, 1);
   Tensor row = ws_.logits.slice_rows(0, 1);
-  model_->forward(stream_, cache_, ws_, tok, pos_, 1, false);
+  const CacheStep step = model_->forward(stream_, cache_, ws_, tok, pos_, 1, false);
   ops::advance(stream_, pos_, 1);
   ops::sample(stream_, row, sampling_config_, banned_, n_banned_, seen_, pos_, tok);
+  return step;
 }
 
 void Session::record_decode_step() {
   stream_.begin_record();
   try {
-    submit_decode_step();
+    decode_step_ = submit_decode_step();
   } catch (...) {
     stream_.discard_recording();
     throw;
@@ -115,34 +113,30 @@ void Session::record_decode_step() {
 int32_t Session::decode() {
   if (!have_pending_) fail("session", "decode() needs a pending token: call prefill() and sample() first");
   // The host mirror of the position guards the cache before anything runs.
-  if (cache_.length() + 1 > cache_.capacity())
-    fail("session", "cache is full: {} of {} positions used; nothing was written", cache_.length(),
-         cache_.capacity());
-  cache_.check_step(cache_.length(), 1);
+  cache_.reserve(1);
   upload_sampling();
+  CacheStep step;
   if (opt_.eager) {
-    submit_decode_step();
+    step = submit_decode_step();
   } else {
     if (!stream_.has_recording()) record_decode_step();
     stream_.replay();
+    step = decode_step_;
   }
   const int32_t token = read_token();  // waits for the step
-  cache_.commit(1);
+  cache_.commit(step);
   return token;
 }
 
 std::vector<int32_t> Session::decode_many(int n) {
   if (n < 1) fail("session", "decode_many needs n >= 1, got {}", n);
   if (!have_pending_) fail("session", "decode() needs a pending token: call prefill() and sample() first");
-  if (int64_t(cache_.length()) + n > cache_.capacity())
-    fail("session", "{} more tokens do not fit: {} of {} positions used; nothing was written", n,
-         cache_.length(), cache_.capacity());
+  cache_.reserve(n);
   if (opt_.eager) {
     std::vector<int32_t> out;
     for (int i = 0; i < n; ++i) out.push_back(decode());
     return out;
   }
-  cache_.check_step(cache_.length(), 1);
   upload_sampling();
   if (!stream_.has_recording()) record_decode_step();
   stream_.reserve_reads(n);
@@ -151,7 +145,7 @@ std::vector<int32_t> Session::decode_many(int n) {
     stream_.queue_read_i32(ids_, i);
   }
   std::vector<int32_t> tokens = stream_.collect_i32(n);
-  for (int i = 0; i < n; ++i) cache_.commit(1);
+  for (int i = 0; i < n; ++i) cache_.commit(decode_step_);
   return tokens;
 }
 

@@ -58,8 +58,8 @@ Workspace Model::make_workspace(int max_T, bool all_logits) const {
 // residual] -> [norm + gate/up + act] -> [down + residual]. Gemma's sandwich
 // norms add a norm-and-accumulate after each block instead of the residual
 // epilogue. Each bracket is one op.
-void Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor& ids, const Tensor& pos, int T,
-                    bool all_logits) const {
+CacheStep Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor& ids, const Tensor& pos,
+                         int T, bool all_logits) const {
   if (T < 1 || T > ws.max_T) fail("model", "step of {} tokens exceeds the workspace ({} tokens)", T, ws.max_T);
   if (all_logits && ws.logit_rows < T) fail("model", "workspace keeps only {} logit rows", ws.logit_rows);
   const ModelConfig& c = cfg_;
@@ -78,7 +78,7 @@ void Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor
   };
 
   ops::embedding(s, embed_, ids.slice_rows(0, T), x, c.embed_scale);
-  cache.begin_step(s, pos, T);  // plans once per policy; a step that does not fit stops here
+  const CacheStep step = cache.begin_step(s, pos, T);  // plans once per policy
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = layers_[l];
     const bool sliding = c.layer_window[l] > 0;
@@ -86,15 +86,18 @@ void Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor
     ops::LinearOptions qkv_o = normed(L.input_norm);
     qkv_o.bias = opt(L.qkv_bias);
     ops::linear(s, x, L.qkv_proj, qkv, qkv_o);
-    AttendParams ap{c.attention_scale(), c.attn_logit_softcap};
-    if (c.qk_norm) {
-      ap.q_norm = &L.q_norm;
-      ap.k_norm = &L.k_norm;
-      ap.norm_eps = eps;
-      ap.norm_plus_one = plus1;
-    }
-    ap.rope_inv_freq = sliding ? &inv_freq_local_ : &inv_freq_global_;
-    cache.update_and_attend(s, l, qkv, attn, ap);
+    ops::update_and_attend(s, {.cache = &cache,
+                               .step = step,
+                               .layer = l,
+                               .qkv = &qkv,
+                               .out = &attn,
+                               .scale = c.attention_scale(),
+                               .softcap = c.attn_logit_softcap,
+                               .q_norm = c.qk_norm ? &L.q_norm : nullptr,
+                               .k_norm = c.qk_norm ? &L.k_norm : nullptr,
+                               .norm_eps = eps,
+                               .norm_plus_one = plus1,
+                               .rope_inv_freq = sliding ? &inv_freq_local_ : &inv_freq_global_});
     ops::LinearOptions o_o;
     o_o.bias = opt(L.o_bias);
     if (c.sandwich_norms) {
@@ -125,6 +128,7 @@ void Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const Tensor
   Tensor logits = ws.logits.slice_rows(0, all_logits ? T : 1);
   ops::linear(s, rows, lm_head_, logits, normed(final_norm_));
   if (c.final_logit_softcap > 0.0f) ops::softcap(s, logits, c.final_logit_softcap);
+  return step;
 }
 
 }  // namespace kvgraph

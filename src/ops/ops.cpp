@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "kvgraph/error.h"
+#include "ops/attend_call.h"
+#include "ops/backend.h"
+#include "ops/cpu/attention.h"
 #include "ops/cpu/kernels.h"
 #ifdef KVGRAPH_HAVE_CUDA
 #include "ops/cuda/ops_cuda.h"
@@ -120,7 +123,7 @@ void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const Line
     product(in, y.data());
     const int64_t n_out = gated ? int64_t(T) * (N / 2) : int64_t(T) * N;
     for (int64_t i = 0; i < n_out; ++i)
-      op[i] = gated ? cpu::activation(y[2 * i], act) * y[2 * i + 1] : y[i] + rp[i];
+      op[i] = gated ? activate(y[2 * i], act) * y[2 * i + 1] : y[i] + rp[i];
   });
 }
 
@@ -207,7 +210,7 @@ void fill_random(Stream& s, Tensor& t, uint64_t seed, float scale) {
   if (s.device() == Device::CUDA) KV_CUDA_OP(fill_random, s, t, seed, scale);
   s.submit([p = t.raw(), n = t.numel(), dt = t.dtype(), seed, scale] {
     for (int64_t i = 0; i < n; ++i) {
-      const float v = (2.0f * cpu::uniform01(seed, static_cast<int32_t>(i & 0x7fffffff)) - 1.0f) * scale;
+      const float v = (2.0f * uniform01(seed, static_cast<uint32_t>(i & 0x7fffffff)) - 1.0f) * scale;
       if (dt == DType::F32)
         static_cast<float*>(p)[i] = v;
       else
@@ -216,14 +219,77 @@ void fill_random(Stream& s, Tensor& t, uint64_t seed, float scale) {
   });
 }
 
-double measure_copy_bandwidth_gbs(Device d) {
-  if (d == Device::CUDA) {
-#ifdef KVGRAPH_HAVE_CUDA
-    return cuda_ops::measure_copy_bandwidth_gbs();
-#else
-    fail("measure_copy_bandwidth", "has no CUDA implementation in this build");
-#endif
+// The front of update_and_attend: every shape and pointer is checked here,
+// once, then the call is resolved to raw pointers (ops::AttendCall) that
+// either backend reads as it is.
+void update_and_attend(Stream& s, const AttendArgs& a) {
+  constexpr const char* op = "update_and_attend";
+  if (!a.cache) fail(op, "no cache given");
+  SequenceCache& cache = *a.cache;
+  const int layer = a.layer;
+  if (layer < 0 || layer >= cache.n_layers())
+    fail(op, "layer {} out of range (cache has {} layers)", layer, cache.n_layers());
+  if (!a.step.pos || a.step.T < 1) fail(op, "layer {}: no step (call cache.begin_step first)", layer);
+  if (s.device() != cache.config().device)
+    fail(op, "layer {}: a {} stream for a cache on {}", layer, device_name(s.device()),
+         device_name(cache.config().device));
+  const LayerSpec& l = cache.config().layers[layer];
+  const int32_t T = a.step.T;
+  const int64_t qs = int64_t(l.n_heads) * l.head_dim, ks = int64_t(l.n_kv_heads) * l.head_dim;
+  auto rows = [&](const Tensor* t, const char* name, int64_t width) {
+    if (!t) fail(op, "layer {}: {} is missing", layer, name);
+    if (t->dtype() != DType::F32 || t->numel() != int64_t(T) * width || t->device() != s.device())
+      fail(op, "layer {}: {} must be f32 [{}, {}] on {}, got {} {}", layer, name, T, width, device_name(s.device()),
+           dtype_name(t->dtype()), t->shape_str());
+    return t->data<float>();
+  };
+  auto vec = [&](const Tensor* t, int64_t n, const char* name) -> const float* {
+    if (!t) return nullptr;
+    if (t->dtype() != DType::F32 || t->numel() != n || t->device() != s.device())
+      fail(op, "layer {}: {} must be f32 [{}] on {}, got {} {}", layer, name, n, device_name(s.device()),
+           dtype_name(t->dtype()), t->shape_str());
+    return t->data<float>();
+  };
+
+  AttendCall c;
+  if (a.qkv) {
+    if (a.q || a.k || a.v) fail(op, "layer {}: give either qkv or q, k and v, not both", layer);
+    const float* p = rows(a.qkv, "qkv", qs + 2 * ks);
+    c.q = p;
+    c.k = p + qs;
+    c.v = p + qs + ks;
+    c.q_stride = c.k_stride = c.v_stride = qs + 2 * ks;
+  } else {
+    c.q = rows(a.q, "q", qs);
+    c.k = rows(a.k, "k", ks);
+    c.v = rows(a.v, "v", ks);
+    c.q_stride = qs;
+    c.k_stride = c.v_stride = ks;
   }
+  c.out = const_cast<float*>(rows(a.out, "out", qs));
+  c.k_pool = cache.k_pool(layer).raw();
+  c.v_pool = cache.v_pool(layer).raw();
+  c.storage = cache.config().storage;
+  c.pos = a.step.pos;
+  c.plan = a.step.plans + cache.policy_index(layer);
+  c.rule = l.policy.rule();
+  c.T = T;
+  c.n_q_heads = l.n_heads;
+  c.n_kv_heads = l.n_kv_heads;
+  c.head_dim = l.head_dim;
+  c.scale = a.scale;
+  c.softcap = a.softcap;
+  c.q_norm = vec(a.q_norm, l.head_dim, "q_norm");
+  c.k_norm = vec(a.k_norm, l.head_dim, "k_norm");
+  c.norm_eps = a.norm_eps;
+  c.norm_plus_one = a.norm_plus_one;
+  c.rope_inv_freq = vec(a.rope_inv_freq, l.head_dim / 2, "rope_inv_freq");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(update_and_attend, s, c);
+  s.submit([c] { cpu::update_and_attend(c); });
+}
+
+double measure_copy_bandwidth_gbs(Device d) {
+  if (d == Device::CUDA) return cuda_device::copy_bandwidth_gbs();
   const size_t n = size_t(256) << 20;
   std::vector<char> a(n, 1), b(n, 0);
   double best = 1e30;

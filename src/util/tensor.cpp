@@ -2,15 +2,14 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "kvgraph/error.h"
 
-#ifdef KVGRAPH_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
+#include "ops/backend.h"
 
 namespace kvgraph {
 
@@ -19,53 +18,73 @@ std::string_view device_name(Device d) { return d == Device::CPU ? "cpu" : "cuda
 Device parse_device(std::string_view name) {
   if (name == "cpu") return Device::CPU;
   if (name == "cuda" || name == "gpu") {
-    if (!cuda_available()) {
-#ifdef KVGRAPH_HAVE_CUDA
-      fail("device", "--device cuda: no CUDA device is visible on this machine");
-#else
+    if (!cuda_device::compiled())
       fail("device", "--device cuda: this kvgraph was built without CUDA (use the `cuda` preset)");
-#endif
-    }
+    if (cuda_device::device_count() == 0) fail("device", "--device cuda: no CUDA device is visible on this machine");
     return Device::CUDA;
   }
   fail("device", "unknown device \"{}\" (expected cpu or cuda)", name);
 }
 
-bool cuda_available() {
-#ifdef KVGRAPH_HAVE_CUDA
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) return false;
-  return n > 0;
-#else
-  return false;
-#endif
-}
+bool cuda_available() { return cuda_device::device_count() > 0; }
 
 Buffer::Buffer(Device device, size_t bytes) : device_(device), bytes_(bytes) {
-  size_t alloc = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
-  if (device == Device::CPU) {
-    data_ = std::aligned_alloc(64, alloc);
-    if (!data_) fail("buffer", "out of host memory allocating {} bytes", bytes);
+  if (device == Device::CUDA) {
+    data_ = cuda_device::alloc(bytes);
     return;
   }
-#ifdef KVGRAPH_HAVE_CUDA
-  cudaError_t e = cudaMalloc(&data_, alloc);
-  if (e != cudaSuccess)
-    fail("buffer", "cudaMalloc of {} bytes failed: {}", bytes, cudaGetErrorString(e));
-#else
-  fail("buffer", "CUDA buffer requested but kvgraph was built without CUDA");
-#endif
+  data_ = std::aligned_alloc(64, bytes == 0 ? 64 : (bytes + 63) / 64 * 64);
+  if (!data_) fail("buffer", "out of host memory allocating {} bytes", bytes);
 }
 
-Buffer::~Buffer() {
+void Buffer::release() noexcept {
   if (!data_) return;
-  if (device_ == Device::CPU) {
+  if (device_ == Device::CPU)
     std::free(data_);
-  } else {
-#ifdef KVGRAPH_HAVE_CUDA
-    cudaFree(data_);
-#endif
+  else
+    cuda_device::free(data_);
+  data_ = nullptr;
+}
+
+Buffer::~Buffer() { release(); }
+
+Buffer::Buffer(Buffer&& o) noexcept
+    : device_(o.device_), bytes_(std::exchange(o.bytes_, 0)), data_(std::exchange(o.data_, nullptr)) {}
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    release();
+    device_ = o.device_;
+    bytes_ = std::exchange(o.bytes_, 0);
+    data_ = std::exchange(o.data_, nullptr);
   }
+  return *this;
+}
+
+void Buffer::upload(const void* src, size_t bytes, size_t offset) {
+  if (offset + bytes > bytes_) fail("buffer", "upload of {} bytes at {} past the end ({} bytes)", bytes, offset, bytes_);
+  if (bytes == 0) return;
+  if (device_ == Device::CPU)
+    std::memcpy(static_cast<char*>(data_) + offset, src, bytes);
+  else
+    cuda_device::copy(static_cast<char*>(data_) + offset, src, bytes);
+}
+
+void Buffer::download(void* dst, size_t bytes, size_t offset) const {
+  if (offset + bytes > bytes_) fail("buffer", "download of {} bytes at {} past the end ({} bytes)", bytes, offset, bytes_);
+  if (bytes == 0) return;
+  if (device_ == Device::CPU)
+    std::memcpy(dst, static_cast<const char*>(data_) + offset, bytes);
+  else
+    cuda_device::copy(dst, static_cast<const char*>(data_) + offset, bytes);
+}
+
+void Buffer::zero() {
+  if (bytes_ == 0) return;
+  if (device_ == Device::CPU)
+    std::memset(data_, 0, bytes_);
+  else
+    cuda_device::zero(data_, bytes_);
 }
 
 int64_t Tensor::numel() const {
@@ -87,14 +106,7 @@ Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
 
 Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype, Device device) {
   Tensor t = empty(std::move(shape), dtype, device);
-  if (device == Device::CPU) {
-    std::memset(t.raw(), 0, t.nbytes());
-  } else {
-#ifdef KVGRAPH_HAVE_CUDA
-    cudaMemset(t.raw(), 0, t.nbytes());
-    cudaDeviceSynchronize();  // see copy_from_host
-#endif
-  }
+  t.buf_->zero();
   return t;
 }
 
@@ -120,31 +132,9 @@ Tensor Tensor::reshape(std::vector<int64_t> shape) const {
   return t;
 }
 
-void Tensor::copy_to_host(void* dst) const {
-  if (device_ == Device::CPU) {
-    std::memcpy(dst, raw(), nbytes());
-    return;
-  }
-#ifdef KVGRAPH_HAVE_CUDA
-  cudaError_t e = cudaMemcpy(dst, raw(), nbytes(), cudaMemcpyDeviceToHost);
-  if (e != cudaSuccess) fail("tensor", "cudaMemcpy to host failed: {}", cudaGetErrorString(e));
-#endif
-}
+void Tensor::copy_to_host(void* dst) const { buf_->download(dst, nbytes(), offset_); }
 
-void Tensor::copy_from_host(const void* src) {
-  if (device_ == Device::CPU) {
-    std::memcpy(raw(), src, nbytes());
-    return;
-  }
-#ifdef KVGRAPH_HAVE_CUDA
-  cudaError_t e = cudaMemcpy(raw(), src, nbytes(), cudaMemcpyHostToDevice);
-  // A pageable upload may still be in flight when cudaMemcpy returns, and
-  // kernels launched with programmatic dependent launch do not wait for the
-  // legacy stream: finish the copy before any kernel can read it.
-  if (e == cudaSuccess) e = cudaDeviceSynchronize();
-  if (e != cudaSuccess) fail("tensor", "cudaMemcpy from host failed: {}", cudaGetErrorString(e));
-#endif
-}
+void Tensor::copy_from_host(const void* src) { buf_->upload(src, nbytes(), offset_); }
 
 std::vector<float> Tensor::to_f32_vector() const {
   std::vector<std::byte> bytes(nbytes());

@@ -1,4 +1,5 @@
 #include "kvgraph/cache/sequence_cache.h"
+#include "kvgraph/ops.h"
 
 #include <cmath>
 #include <cstring>
@@ -56,6 +57,10 @@ std::vector<float> random_vec(std::mt19937& rng, size_t n, float amp = 1.f) {
   return x;
 }
 
+struct Scale {
+  float scale = 1.0f, softcap = 0.0f;
+};
+
 // Runs one eager CPU step through the cache on every layer.
 struct Stepper {
   SequenceCache& cache;
@@ -63,19 +68,20 @@ struct Stepper {
   Tensor pos = Tensor::zeros({1}, DType::I32, Device::CPU);
   void step(int layer_count, int T, const std::vector<std::vector<float>>& q,
             const std::vector<std::vector<float>>& k, const std::vector<std::vector<float>>& v,
-            std::vector<std::vector<float>>& out, AttendParams prm) {
+            std::vector<std::vector<float>>& out, Scale prm) {
     *pos.data<int32_t>() = cache.length();
-    cache.begin_step(stream, pos, T);
+    const CacheStep step = cache.begin_step(stream, pos, T);
     for (int l = 0; l < layer_count; ++l) {
       const LayerSpec& s = cache.config().layers[l];
       Tensor tq = Tensor::from_host(q[l].data(), {T, s.n_heads, s.head_dim}, DType::F32, Device::CPU);
       Tensor tk = Tensor::from_host(k[l].data(), {T, s.n_kv_heads, s.head_dim}, DType::F32, Device::CPU);
       Tensor tv = Tensor::from_host(v[l].data(), {T, s.n_kv_heads, s.head_dim}, DType::F32, Device::CPU);
       Tensor to = Tensor::empty({T, s.n_heads, s.head_dim}, DType::F32, Device::CPU);
-      cache.update_and_attend(stream, l, tq, tk, tv, to, prm);
+      ops::update_and_attend(stream, {.cache = &cache, .step = step, .layer = l, .q = &tq, .k = &tk, .v = &tv,
+                                      .out = &to, .scale = prm.scale, .softcap = prm.softcap});
       out[l].assign(to.data<float>(), to.data<float>() + to.numel());
     }
-    cache.commit(T);
+    cache.commit(step);
   }
 };
 
@@ -108,7 +114,7 @@ RC_GTEST_PROP(SequenceCacheProperty, RingEqualsWindowedFullHistory, ()) {
     std::vector<std::vector<float>> out(1);
     const int pos0 = cache.length();
     hist.append(k[0], v[0]);
-    st.step(1, T, q, k, v, out, AttendParams{scale, softcap});
+    st.step(1, T, q, k, v, out, Scale{scale, softcap});
     for (int t = 0; t < T; ++t) {
       std::vector<float> ref = hist.attend(q[0].data() + size_t(t) * Hq * D, pos0 + t, Hq, window, scale, softcap);
       for (int i = 0; i < Hq * D; ++i)
@@ -134,7 +140,7 @@ TEST(SequenceCache, MixedFlatAndRingLayersBehaveIndependently) {
     std::vector<std::vector<float>> out(3);
     int pos0 = cache.length();
     hist.append(k, v);
-    st.step(3, T, {q, q, q}, {k, k, k}, {v, v, v}, out, AttendParams{0.35f, 0.f});
+    st.step(3, T, {q, q, q}, {k, k, k}, {v, v, v}, out, Scale{0.35f, 0.f});
     for (int t = 0; t < T; ++t) {
       auto full = hist.attend(q.data() + t * Hq * D, pos0 + t, Hq, 0, 0.35f, 0.f);
       auto band = hist.attend(q.data() + t * Hq * D, pos0 + t, Hq, window, 0.35f, 0.f);
@@ -162,7 +168,7 @@ TEST(SequenceCache, Bf16AndF16StorageStayCloseToF32) {
       std::vector<std::vector<float>> out(1);
       int pos0 = cache.length();
       hist.append(k, v);
-      st.step(1, T, {q}, {k}, {v}, out, AttendParams{0.25f, 0.f});
+      st.step(1, T, {q}, {k}, {v}, out, Scale{0.25f, 0.f});
       for (int t = 0; t < T; ++t) {
         auto ref = hist.attend(q.data() + t * Hq * D, pos0 + t, Hq, 6, 0.25f, 0.f);
         for (int i = 0; i < Hq * D; ++i) EXPECT_NEAR(out[0][t * Hq * D + i], ref[i], 1e-2) << dtype_name(dt);
@@ -198,11 +204,12 @@ TEST(SequenceCache, FlatOverflowRaisesBeforeAnyWriteAndLeavesCacheUnchanged) {
   const auto before = snapshot(cache);
   // Host-side check.
   try {
-    cache.check_step(7, 2);
+    cache.reserve(2);
     FAIL() << "expected overflow";
-  } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("would overflow capacity 8"));
+  } catch (const CacheFull& e) {
+    EXPECT_THAT(e.what(), HasSubstr("cache is full: 7 of 8 positions used, 2 more tokens do not fit"));
   }
+  EXPECT_NO_THROW(cache.reserve(1));
   // The op itself: the plan runs first in the step and throws before layer 0
   // (a ring layer that could have written) touches its pool.
   try {
@@ -240,17 +247,26 @@ TEST(SequenceCache, BadConfigsNameLayerAndField) {
 
 TEST(SequenceCache, StepLargerThanMaxWriteIsRejected) {
   SequenceCache cache(CacheConfig{{LayerSpec{Ring{4, 2}, 1, 1, 4}}, DType::F32, Device::CPU});
-  EXPECT_THROW(cache.check_step(0, 3), Error);
+  Stream s(Device::CPU);
+  Tensor pos = Tensor::zeros({1}, DType::I32, Device::CPU);
+  try {
+    cache.begin_step(s, pos, 3);
+    FAIL() << "expected error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("a step of 3 tokens is outside [1, 2]"));
+  }
+  EXPECT_NO_THROW(cache.begin_step(s, pos, 2));
   EXPECT_EQ(cache.max_write(), 2);
 }
 
 TEST(SequenceCacheLifecycle, TrimFlatAnywhereRingOnlyWhileResident) {
   SequenceCache cache(CacheConfig{{LayerSpec{Flat{64}, 1, 1, 2}, LayerSpec{Ring{4, 2}, 1, 1, 2}}, DType::F32, Device::CPU});
   // pool 5: after 5 tokens nothing is evicted: any trim is fine.
-  cache.commit(2); cache.commit(2); cache.commit(1);
+  auto commit = [&](int32_t T) { cache.commit(CacheStep{nullptr, T, nullptr}); };
+  commit(2); commit(2); commit(1);
   EXPECT_NO_THROW(cache.trim(0));
   EXPECT_EQ(cache.length(), 0);
-  for (int i = 0; i < 10; ++i) cache.commit(2);  // length 20, oldest resident 15
+  for (int i = 0; i < 10; ++i) commit(2);  // length 20, oldest resident 15
   EXPECT_NO_THROW(cache.trim(19));  // back 1
   EXPECT_NO_THROW(cache.trim(18));  // back 2 in total = max_write
   try {

@@ -21,9 +21,10 @@ using namespace kvgraph::testing;
 namespace {
 
 int first_divergence(std::shared_ptr<const Model> gpu, std::shared_ptr<const Model> cpu, const std::vector<int32_t>& ids,
-                     double* worst) {
+                     bool pdl, double* worst) {
   auto run = [&](std::shared_ptr<const Model> m) {
     SessionOptions so;
+    so.tuning.programmatic_launch = pdl;
     so.capacity = static_cast<int32_t>(ids.size());
     so.max_write = 1;
     so.all_logits = true;
@@ -53,13 +54,11 @@ TEST(CudaChunk1, FirstDivergingPositionWithAndWithoutPdl) {
     auto gpu = Model::load(fixtures_dir() / fam, Device::CUDA);
     auto cpu = Model::load(fixtures_dir() / fam, Device::CPU);
     for (bool pdl : {true, false}) {
-      cuda::set_programmatic_launch(pdl);
       double worst = 0;
-      int first = first_divergence(gpu, cpu, ref.ids, &worst);
+      int first = first_divergence(gpu, cpu, ref.ids, pdl, &worst);
       std::printf("[probe] %-8s pdl=%d first_divergence=%d worst=%g\n", fam.c_str(), pdl, first, worst);
       EXPECT_EQ(first, -1) << fam << " pdl=" << pdl;
     }
-    cuda::set_programmatic_launch(true);
   }
 }
 
@@ -117,10 +116,11 @@ TEST(CudaChunk1, DecodeAttentionOverGrowingFlatHistoryMatchesCpu) {
         Tensor tk = Tensor::from_host(k.data(), {1, Hkv, D}, DType::F32, dv);
         Tensor tv = Tensor::from_host(v.data(), {1, Hkv, D}, DType::F32, dv);
         Tensor to = Tensor::zeros({1, Hq, D}, DType::F32, dv);
-        c.begin_step(s, dev ? pg : pc, 1);
-        c.update_and_attend(s, 0, tq, tk, tv, to, AttendParams{0.3f, 0.f});
+        const CacheStep step = c.begin_step(s, dev ? pg : pc, 1);
+        ops::update_and_attend(s, {.cache = &c, .step = step, .layer = 0, .q = &tq, .k = &tk, .v = &tv, .out = &to,
+                                   .scale = 0.3f});
         s.synchronize();
-        c.commit(1);
+        c.commit(step);
         (dev ? outg : outc) = to.to_f32_vector();
       }
       double err = 0;

@@ -195,22 +195,19 @@ TEST(FusedOps, AttentionPrologueEqualsExplicitNormAndRope) {
     ops::rope(s, qt, pos, freq);
     ops::rope(s, kt, pos, freq);
 
-    AttendParams with{0.3f, 0.f};
-    with.q_norm = &qn;
-    with.k_norm = &kn;
-    with.norm_eps = 1e-6f;
-    with.norm_plus_one = true;
-    with.rope_inv_freq = &freq;
     Tensor a = Tensor::zeros({T, Hq * hd}, DType::F32, Device::CPU);
     Tensor b = Tensor::zeros({T, Hq, hd}, DType::F32, Device::CPU);
-    fused.begin_step(s, pos, T);
-    fused.update_and_attend(s, 0, qkv, a, with);
-    explicit_ops.begin_step(s, pos, T);
-    explicit_ops.update_and_attend(s, 0, qt, kt, vt, b, AttendParams{0.3f, 0.f});
+    const CacheStep fused_step = fused.begin_step(s, pos, T);
+    ops::update_and_attend(s, {.cache = &fused, .step = fused_step, .layer = 0, .qkv = &qkv, .out = &a,
+                               .scale = 0.3f, .q_norm = &qn, .k_norm = &kn, .norm_eps = 1e-6f,
+                               .norm_plus_one = true, .rope_inv_freq = &freq});
+    const CacheStep explicit_step = explicit_ops.begin_step(s, pos, T);
+    ops::update_and_attend(s, {.cache = &explicit_ops, .step = explicit_step, .layer = 0, .q = &qt, .k = &kt,
+                               .v = &vt, .out = &b, .scale = 0.3f});
     ASSERT_EQ(a.to_f32_vector(), b.to_f32_vector()) << "at position " << p;
     ASSERT_EQ(qkv.to_f32_vector(), row) << "the prologue must not write its input";
-    fused.commit(T);
-    explicit_ops.commit(T);
+    fused.commit(fused_step);
+    explicit_ops.commit(explicit_step);
     p += T;
   }
   ASSERT_EQ(fused.k_pool(0).to_f32_vector(), explicit_ops.k_pool(0).to_f32_vector());
@@ -237,27 +234,29 @@ TEST(FusedOps, PackedUpdateAndAttendEqualsSeparateTensors) {
     }
     Tensor qkv = cpu_tensor(row, {T, W}), qt = cpu_tensor(q, {T, Hq, hd}), kt = cpu_tensor(k, {T, Hkv, hd});
     Tensor vt = cpu_tensor(v, {T, Hkv, hd});
-    packed_cache.begin_step(s, pos, T);
-    split_cache.begin_step(s, pos, T);
+    const CacheStep packed_step = packed_cache.begin_step(s, pos, T);
+    const CacheStep split_step = split_cache.begin_step(s, pos, T);
     for (int l = 0; l < 2; ++l) {
       Tensor a = Tensor::zeros({T, Hq * hd}, DType::F32, Device::CPU);
       Tensor b = Tensor::zeros({T, Hq, hd}, DType::F32, Device::CPU);
-      packed_cache.update_and_attend(s, l, qkv, a, AttendParams{0.25f, 0.f});
-      split_cache.update_and_attend(s, l, qt, kt, vt, b, AttendParams{0.25f, 0.f});
+      ops::update_and_attend(s, {.cache = &packed_cache, .step = packed_step, .layer = l, .qkv = &qkv, .out = &a,
+                                 .scale = 0.25f});
+      ops::update_and_attend(s, {.cache = &split_cache, .step = split_step, .layer = l, .q = &qt, .k = &kt,
+                                 .v = &vt, .out = &b, .scale = 0.25f});
       ASSERT_EQ(a.to_f32_vector(), b.to_f32_vector()) << "layer " << l << " at position " << p;
     }
-    packed_cache.commit(T);
-    split_cache.commit(T);
+    packed_cache.commit(packed_step);
+    split_cache.commit(split_step);
     p += T;
     pos = Tensor::from_host(&p, {1}, DType::I32, Device::CPU);
   }
   Tensor wrong = Tensor::zeros({1, W - 1}, DType::F32, Device::CPU), out = Tensor::zeros({1, Hq * hd}, DType::F32, Device::CPU);
-  packed_cache.begin_step(s, pos, 1);
+  const CacheStep step = packed_cache.begin_step(s, pos, 1);
   try {
-    packed_cache.update_and_attend(s, 0, wrong, out, AttendParams{});
+    ops::update_and_attend(s, {.cache = &packed_cache, .step = step, .layer = 0, .qkv = &wrong, .out = &out});
     FAIL() << "no error for a short qkv row";
   } catch (const Error& e) {
-    EXPECT_THAT(e.what(), HasSubstr("qkv must be f32 [1, 160]"));
+    EXPECT_THAT(e.what(), HasSubstr("qkv must be f32 [1, 160] on cpu"));
   }
 }
 

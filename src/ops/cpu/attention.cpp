@@ -29,9 +29,9 @@ inline float load(Bf16 x) { return bf16_to_f32(x.bits); }
 inline float load(F16 x) { return f16_to_f32(x.bits); }
 
 template <typename S>
-void run(const AttentionArgs& a) {
+void run(const ops::AttendCall& a) {
   const StepPlan& p = *a.plan;
-  const int T = p.T, Hq = a.n_heads, Hkv = a.n_kv_heads, D = a.head_dim;
+  const int T = p.T, Hq = a.n_q_heads, Hkv = a.n_kv_heads, D = a.head_dim;
   const int64_t pool = a.rule.pool;
   S* K = static_cast<S*>(a.k_pool);
   S* V = static_cast<S*>(a.v_pool);
@@ -45,14 +45,14 @@ void run(const AttentionArgs& a) {
   std::vector<float> head(D), cos_t(D / 2), sin_t(D / 2);
   int32_t table_pos = -1;
   auto prologue = [&](const float* src, const float* norm, int32_t position) -> const float* {
-    if (!norm && !a.inv_freq) return src;
+    if (!norm && !a.rope_inv_freq) return src;
     std::copy_n(src, D, head.begin());
     if (norm) rms_norm(head.data(), norm, head.data(), 1, D, a.norm_eps, a.norm_plus_one);
-    if (a.inv_freq) {
+    if (a.rope_inv_freq) {
       const int half = D / 2;
       if (position != table_pos) {
         for (int i = 0; i < half; ++i) {
-          const float ang = static_cast<float>(position) * a.inv_freq[i];
+          const float ang = static_cast<float>(position) * a.rope_inv_freq[i];
           cos_t[i] = std::cos(ang);
           sin_t[i] = std::sin(ang);
         }
@@ -106,7 +106,7 @@ void run(const AttentionArgs& a) {
           float s = 0.f;
           for (int d = 0; d < D; ++d) s += q[d] * load(kr[d]);
           s *= a.scale;
-          if (a.softcap > 0.f) s = a.softcap * std::tanh(s / a.softcap);
+          if (a.softcap > 0.f) s = kvgraph::softcap(s, a.softcap);
           scores[j] = s;
           if (s > mx) mx = s;
         }
@@ -137,7 +137,7 @@ void run(const AttentionArgs& a) {
 
 }  // namespace
 
-void update_and_attend(const AttentionArgs& a) {
+void update_and_attend(const ops::AttendCall& a) {
   switch (a.storage) {
     case DType::F32: return run<float>(a);
     case DType::BF16: return run<Bf16>(a);

@@ -100,14 +100,8 @@ void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D) {
   }
 }
 
-float activation(float g, Activation act) {
-  if (act == Activation::SiLU) return g / (1.0f + std::exp(-g));
-  constexpr float k = 0.7978845608028654f;  // sqrt(2/pi): gelu, tanh approximation (gelu_pytorch_tanh)
-  return 0.5f * g * (1.0f + std::tanh(k * (g + 0.044715f * g * g * g)));
-}
-
 void act_mul(const float* gate, const float* up, float* out, int64_t n, Activation act) {
-  for (int64_t i = 0; i < n; ++i) out[i] = activation(gate[i], act) * up[i];
+  for (int64_t i = 0; i < n; ++i) out[i] = activate(gate[i], act) * up[i];
 }
 
 void add(const float* a, const float* b, float* out, int64_t n) {
@@ -115,7 +109,7 @@ void add(const float* a, const float* b, float* out, int64_t n) {
 }
 
 void softcap(float* x, int64_t n, float cap) {
-  for (int64_t i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+  for (int64_t i = 0; i < n; ++i) x[i] = kvgraph::softcap(x[i], cap);
 }
 
 int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const int32_t* banned, int n_banned,

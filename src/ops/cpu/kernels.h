@@ -2,8 +2,7 @@
 // CPU reference loops behind the op set (f32 activations, f32 weights).
 #include <cstdint>
 
-#include "kvgraph/model_config.h"
-#include "kvgraph/ops.h"
+#include "kvgraph/op_types.h"
 
 namespace kvgraph::cpu {
 
@@ -16,20 +15,10 @@ void linear(const float* x, const float* w, const float* bias, float* out, int T
 void linear_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* out, int T, int N, int K);
 void embedding_bf16(const uint16_t* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out);
 void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D);  // x [T, H, D] in place
-float activation(float g, Activation act);  // silu(g) or gelu_tanh(g)
 void act_mul(const float* gate, const float* up, float* out, int64_t n, Activation act);
 void add(const float* a, const float* b, float* out, int64_t n);
-void softcap(float* x, int64_t n, float cap);
+void softcap(float* x, int64_t n, float cap);  // in place, elementwise kvgraph::softcap
 int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const int32_t* banned, int n_banned,
                const uint8_t* seen, int32_t pos);
-
-// Counter-based uniform draw in [0, 1), identical on every backend.
-inline float uniform01(uint64_t seed, int32_t counter) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(counter) + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-}
 
 }  // namespace kvgraph::cpu

@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
         dot = fmaf(qb.w, kf[7], dot);
         for (int off = GS >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
         float x = dot * a.scale;
-        if (a.softcap > 0.f) x = a.softcap * tanhf(x / a.softcap);
+        if (a.softcap > 0.f) x = kvgraph::softcap(x, a.softcap);
         s[u][g] = valid[u] ? x : -INFINITY;
       }
     }
@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
 #pragma unroll
       for (int g = 0; g < kMaxG; ++g) {
         float x = dot[g] * a.scale;
-        if (a.softcap > 0.f) x = a.softcap * tanhf(x / a.softcap);
+        if (a.softcap > 0.f) x = kvgraph::softcap(x, a.softcap);
         sc[g * kTile + i] = i < n ? x : -INFINITY;
       }
     }
@@ -700,7 +700,7 @@ AttnArgs<S> make_args(const AttentionParams& p) {
 // the H200, llama3.1-8b at 8K keys: 5.90 -> 5.35 ms/token with 512 blocks of
 // 256 keys instead of 1024 of 128).
 template <typename S, int kMaxG>
-void launch_decode(AttnArgs<S> a, int max_splits, cudaStream_t stream) {
+void launch_decode(AttnArgs<S> a, int max_splits, Launch stream) {
   const int nKG = kThreads / (a.D / 8);
   const size_t smem =
       (size_t(kMaxG) * a.D + 4 * a.D + a.D / 2 + size_t(kMaxG) * kTile + size_t(nKG) * kMaxG * a.D) * sizeof(float);
@@ -711,33 +711,11 @@ void launch_decode(AttnArgs<S> a, int max_splits, cudaStream_t stream) {
   launch(decode_kernel<S, kMaxG>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, a);
 }
 
-// Decode tuning switches, read once, for experiments (run `kvgraph bench`
-// under each to see the whole-step effect):
-//   KVGRAPH_ATTN=legacy      decode through attend_kernel (the T > 1 kernel);
-//   KVGRAPH_ATTN_CHUNK=N     fewest keys per split (default: decode_min_chunk);
-//   KVGRAPH_ATTN_HEADS=1|2|4|8  most query heads per block (default: decode_heads).
-bool legacy_decode() {
-  static const bool legacy = [] {
-    const char* e = std::getenv("KVGRAPH_ATTN");
-    return e && std::string(e) == "legacy";
-  }();
-  return legacy;
-}
-
-int env_int(const char* name, int fallback) {
-  const char* e = std::getenv(name);
-  if (!e || !*e) return fallback;
-  char* end = nullptr;
-  const long v = std::strtol(e, &end, 10);
-  return *end == '\0' && v > 0 && v < (1 << 20) ? static_cast<int>(v) : fallback;
-}
-
 // Fewest keys a decode split takes. Automatic (workspace min_chunk 0): about
 // 8K key elements per split (128 keys at head_dim 64, 32 at 256), so a block's
 // work stays short whatever the head size.
 int decode_min_chunk(const AttentionWorkspace& ws, int head_dim) {
-  static const int forced = env_int("KVGRAPH_ATTN_CHUNK", 0);
-  if (forced) return forced;
+  if (ws.tuning().attn_chunk > 0) return ws.tuning().attn_chunk;
   if (ws.min_chunk() > 0) return ws.min_chunk();
   return std::max(16, 8192 / head_dim);
 }
@@ -747,15 +725,14 @@ int decode_min_chunk(const AttentionWorkspace& ws, int head_dim) {
 // carries much faster than the work does, so short spans (up to 2K visible
 // keys, where the re-read K/V rows come from L2) run one head per block; long
 // spans share each K/V read between two heads.
-int decode_heads(const SlotRule& rule) {
-  static const int forced = env_int("KVGRAPH_ATTN_HEADS", 0);
-  if (forced) return group_bucket(std::min(forced, 8));
+int decode_heads(const AttentionWorkspace& ws, const SlotRule& rule) {
+  if (ws.tuning().attn_heads > 0) return group_bucket(std::min(ws.tuning().attn_heads, 8));
   const int32_t span = rule.window > 0 ? rule.window : rule.pool;
   return span <= 2048 ? 1 : 2;
 }
 
 template <typename S, int kMaxG>
-void launch_attend(AttnArgs<S> a, int splits, cudaStream_t stream) {
+void launch_attend(AttnArgs<S> a, int splits, Launch stream) {
   const size_t smem = (size_t(kMaxG) * a.D * (1 + kWarps) + a.D + size_t(kWarps) * kMaxG * 2) * sizeof(float);
   const int64_t nx = int64_t(a.T) * a.zgroups * a.Hkv;
   launch(attend_kernel<S, kMaxG>, dim3(static_cast<unsigned>(nx), splits), dim3(kThreads), smem, stream, a);
@@ -788,7 +765,7 @@ int AttentionWorkspace::choose_splits(int n_kv_heads, int64_t max_visible, int m
 
 // ---------------------------------------------------------------- entry points
 
-void write_kv(const AttentionParams& p, cudaStream_t stream) {
+void write_kv(const AttentionParams& p, Launch stream) {
   validate(p);
   dispatch_storage(p.storage, "attention", [&](auto tag) {
     using S = decltype(tag);
@@ -797,10 +774,11 @@ void write_kv(const AttentionParams& p, cudaStream_t stream) {
   });
 }
 
-void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, cudaStream_t stream) {
+void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch stream) {
   validate(p);
   const int G = p.n_q_heads / p.n_kv_heads;
-  const int bucket = group_bucket(std::min(G, p.T == 1 && !legacy_decode() ? decode_heads(p.rule) : 8));
+  const bool legacy = ws.tuning().legacy_decode_attention;
+  const int bucket = group_bucket(std::min(G, p.T == 1 && !legacy ? decode_heads(ws, p.rule) : 8));
   dispatch_storage(p.storage, "attention", [&](auto tag) {
     using S = decltype(tag);
     AttnArgs<S> a = make_args<S>(p);
@@ -825,7 +803,7 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, cudaStr
       a.fused_write = false;
       a.min_chunk = 1;
     }
-    if (p.T == 1 && !legacy_decode()) {
+    if (p.T == 1 && !legacy) {
       switch (bucket) {
         case 1: launch_decode<S, 1>(a, splits, stream); break;
         case 2: launch_decode<S, 2>(a, splits, stream); break;

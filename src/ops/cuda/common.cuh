@@ -129,22 +129,22 @@ __device__ __forceinline__ float key_value(uint32_t k) {
 
 }  // namespace detail
 
-// Launches `kernel` with programmatic stream serialization when enabled and
-// the stream is an explicit one (the legacy default stream gets plain
-// launches). Empty grids are skipped.
+// Launches `kernel` with programmatic stream serialization when the Launch
+// asks for it and the stream is an explicit one (the legacy default stream
+// gets plain launches). Empty grids are skipped.
 template <typename... KArgs, typename... Args>
-void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Launch stream, Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
+  cfg.stream = stream.stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = (programmatic_launch() && stream != nullptr) ? 1 : 0;
+  cfg.numAttrs = (stream.pdl && stream.stream != nullptr) ? 1 : 0;
   KVGRAPH_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 

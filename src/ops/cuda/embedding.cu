@@ -23,7 +23,7 @@ __global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, con
 }  // namespace
 
 void embedding(const void* table, DType table_dtype, int64_t vocab, const int32_t* ids, int T, int D, float scale,
-               float* out, cudaStream_t stream) {
+               float* out, Launch stream) {
   if (T < 0 || D <= 0 || vocab <= 0) fail_op("embedding", "bad shape");
   dispatch_weight(table_dtype, "embedding", [&](auto tag) {
     using W = decltype(tag);

@@ -22,21 +22,30 @@
 
 #include "kvgraph/cache/slots.h"
 #include "kvgraph/dtype.h"
+#include "kvgraph/op_types.h"
+#include "kvgraph/tuning.h"
+#include "ops/attend_call.h"
 #include "ops/cuda/runtime.h"
 
 namespace kvgraph::cuda {
 
-// Programmatic dependent launch for every kernel of this layer (default on).
-// Process-wide; set it before recording a step.
-void set_programmatic_launch(bool on);
-bool programmatic_launch();
+// Where a kernel of this layer is launched: the stream, and whether with
+// programmatic dependent launch (Tuning::programmatic_launch; the legacy
+// default stream always gets plain launches). Converts both ways with
+// cudaStream_t, so a bare stream means "PDL on".
+struct Launch {
+  Launch stream = nullptr;
+  bool pdl = true;
+  Launch(cudaStream_t s = nullptr, bool programmatic = true) : stream(s), pdl(programmatic) {}
+  operator cudaStream_t() const { return stream; }
+};
 
 // ---------------------------------------------------------------- embedding
 
 // out f32 [T, D] = table[ids[t]] * scale. table: table_dtype (f32|bf16) [vocab, D];
 // ids: i32 [T] on the device. An id outside [0, vocab) yields a zero row.
 void embedding(const void* table, DType table_dtype, int64_t vocab, const int32_t* ids, int T, int D,
-               float scale, float* out, cudaStream_t stream);
+               float scale, float* out, Launch stream);
 
 // ---------------------------------------------------------------- rms_norm
 
@@ -56,16 +65,16 @@ struct RmsNormParams {
   bool plus_one = false;   // Gemma: multiply by (1 + w)
   bool accumulate = false; // out += the normalised row (out must not alias x)
 };
-void rms_norm(const RmsNormParams& p, cudaStream_t stream);
+void rms_norm(const RmsNormParams& p, Launch stream);
 
 // out f32 [rows, D] = x / rms(x) * w (or * (1 + w)). out may alias x.
 void rms_norm(const float* x, const void* w, DType w_dtype, float* out, int64_t rows, int D, float eps,
-              bool plus_one, cudaStream_t stream);
+              bool plus_one, Launch stream);
 
 // residual f32 [rows, D] += delta f32 [rows, D]; out f32 [rows, D] = rms_norm(residual).
 // out may alias delta (not residual).
 void add_rms_norm(float* residual, const float* delta, const void* w, DType w_dtype, float* out, int64_t rows,
-                  int D, float eps, bool plus_one, cudaStream_t stream);
+                  int D, float eps, bool plus_one, Launch stream);
 
 // ---------------------------------------------------------------- rope
 
@@ -83,34 +92,39 @@ struct RopeParams {
   int64_t row_stride = 0;  // elements between tokens; 0: n_heads * head_dim
   float attention_scaling = 1.0f;
 };
-void rope(const RopeParams& p, cudaStream_t stream);
+void rope(const RopeParams& p, Launch stream);
 // x f32 [T, H, head_dim] in place.
-void rope(float* x, const int32_t* pos, const float* inv_freq, int T, int H, int head_dim, cudaStream_t stream);
+void rope(float* x, const int32_t* pos, const float* inv_freq, int T, int H, int head_dim, Launch stream);
 
 // ---------------------------------------------------------------- elementwise
 
-enum class Act : uint8_t { silu, gelu_tanh };  // gelu_tanh = gelu_pytorch_tanh
-
 // out f32 [T, F] = act(gate) * up, with gate at gate + t*gate_stride and up at
 // up + t*up_stride (strides in elements; 0: F).
-void act_mul(const float* gate, const float* up, float* out, int T, int F, Act act, cudaStream_t stream,
+void act_mul(const float* gate, const float* up, float* out, int T, int F, Activation act, Launch stream,
              int64_t gate_stride = 0, int64_t up_stride = 0);
 // Fused layout: gate_up f32 [T, 2F] (gate | up) -> out f32 [T, F].
-void act_mul_fused(const float* gate_up, float* out, int T, int F, Act act, cudaStream_t stream);
+void act_mul_fused(const float* gate_up, float* out, int T, int F, Activation act, Launch stream);
 
-void add(const float* a, const float* b, float* out, int64_t n, cudaStream_t stream);  // out may alias a or b
-void softcap(float* x, int64_t n, float cap, cudaStream_t stream);  // x = cap * tanh(x / cap)
-void scale(float* x, int64_t n, float s, cudaStream_t stream);      // x *= s
+void add(const float* a, const float* b, float* out, int64_t n, Launch stream);  // out may alias a or b
+void softcap(float* x, int64_t n, float cap, Launch stream);  // x = cap * tanh(x / cap)
+void scale(float* x, int64_t n, float s, Launch stream);      // x *= s
+
+// Uniform values in [-scale, scale] (f32 or bf16; uniform01 of the element
+// index): synthetic benchmark weights, equal to the CPU backend's.
+void fill_uniform(void* p, DType dt, int64_t n, uint64_t seed, float scale, Launch stream);
 
 // pos[0] += n on the device: the last action of a step.
-void advance_position(int32_t* pos, int n, cudaStream_t stream);
+void advance_position(int32_t* pos, int n, Launch stream);
 
 // ---------------------------------------------------------------- linear
 
 // out = x @ w^T (+ bias) (+ residual), or with a gated epilogue
 // out[t, i] = act(row 2i) * row 2i+1 where w's rows interleave gate and up
 // (gate_0, up_0, gate_1, up_1, ...), so one GEMV does gate+up+act_mul.
-enum class Gate : uint8_t { none, silu, gelu_tanh };
+
+// Launch shape of the T == 1 GEMV (see Tuning::Gemv). warp4: a warp per four
+// rows, so each x value loaded serves four rows.
+using GemvShape = Tuning::Gemv;
 
 struct LinearParams {
   const float* x = nullptr;      // f32 [T, K]
@@ -120,7 +134,9 @@ struct LinearParams {
   const float* residual = nullptr;  // f32 [T, N] added in the epilogue, or null; may alias out
   float* out = nullptr;          // f32 [T, N] ([T, N/2] with a gate)
   int T = 1, N = 0, K = 0;
-  Gate gate = Gate::none;        // N even; no residual
+  bool gated = false;            // N even; no residual
+  Activation act = Activation::SiLU;  // of the gate
+  GemvShape shape = GemvShape::automatic;  // T == 1 launch shape (Tuning::gemv)
   // RMSNorm prologue (when norm != null): every token's x row is normalised
   // before the product, x_k * rsqrt(mean_k(x^2) + norm_eps) * g_k with
   // g_k = norm[k] (or 1 + norm[k] when norm_plus_one). x itself is not
@@ -153,43 +169,13 @@ class GemmContext {
 // f32 accumulation, 2 rows per group of threads). T > 1: cuBLAS (bf16 weights:
 // x rounded to bf16 in scratch, bf16 x bf16 -> f32 with f32 accumulation;
 // f32 weights: f32 GEMM without TF32), then the epilogue.
-void linear(const LinearParams& p, GemmContext* gemm, cudaStream_t stream);
+void linear(const LinearParams& p, GemmContext* gemm, Launch stream);
 
-// Launch shape of the T == 1 GEMV, process-wide (experiments and the
-// bandwidth report; set it before recording a step). automatic: a block per
-// row pair for long rows (K >= 2048 bf16), a warp per row pair otherwise.
-// warp4: a warp per four rows, so each x value loaded serves four rows.
-enum class GemvShape : uint8_t { automatic, block2, warp2, warp4 };
-void set_gemv_shape(GemvShape shape);
 
 // ---------------------------------------------------------------- attention
 
-struct AttentionParams {
-  const float* q = nullptr;  // f32 [T, n_q_heads, head_dim]   token stride q_stride (0: dense)
-  const float* k = nullptr;  // f32 [T, n_kv_heads, head_dim]  token stride k_stride
-  const float* v = nullptr;  // f32 [T, n_kv_heads, head_dim]  token stride v_stride
-  int64_t q_stride = 0, k_stride = 0, v_stride = 0;
-  void* k_pool = nullptr;    // storage [n_kv_heads, rule.pool, head_dim]
-  void* v_pool = nullptr;    // storage [n_kv_heads, rule.pool, head_dim]
-  DType storage = DType::BF16;  // f32 | bf16 | f16
-  float* out = nullptr;      // f32 [T, n_q_heads, head_dim], dense
-  const int32_t* pos = nullptr;  // i32 [1] device: position of token 0
-  SlotRule rule;             // window 0: flat (slot = position); else ring (slot = position % pool)
-  int T = 1;
-  int n_q_heads = 0, n_kv_heads = 0;  // n_kv_heads divides n_q_heads (GQA)
-  int head_dim = 0;          // power of two, 8..256
-  float scale = 1.0f;        // applied to q.k
-  float softcap = 0.0f;      // > 0: logits = softcap * tanh(logits / softcap), after scaling
-  // Prologue applied to every q head and every new k head, in this order,
-  // before the write and the products; q/k/v themselves are never modified.
-  // Per-head RMSNorm (Qwen3, Gemma 3 q/k norms), when the weights are given:
-  const float* q_norm = nullptr;   // f32 [head_dim] or null
-  const float* k_norm = nullptr;   // f32 [head_dim] or null
-  float norm_eps = 1e-6f;
-  bool norm_plus_one = false;      // Gemma: * (1 + w)
-  // Rotate-half RoPE at the token's position (as rope()), when given:
-  const float* rope_inv_freq = nullptr;  // f32 [head_dim / 2] or null
-};
+// The resolved update_and_attend call the op front hands to the backends.
+using AttentionParams = ops::AttendCall;
 
 // Split-KV scratch for decode (T == 1): partial outputs, partial (max, sum)
 // and one merge counter per (kv head, query-head group). Allocate once per
@@ -211,12 +197,17 @@ class AttentionWorkspace {
   int max_head_dim() const { return max_head_dim_; }
   int max_splits() const { return max_splits_; }
   int min_chunk() const { return min_chunk_; }
+  // The decode-attention fields of a Tuning: legacy kernel, heads per block,
+  // and a chunk that overrides min_chunk when non-zero.
+  void tune(const Tuning& t) { tuning_ = t; }
+  const Tuning& tuning() const { return tuning_; }
   float* partial_out() const { return partial_out_.as<float>(); }  // f32 [max_q_heads, max_splits, max_head_dim]
   float* partial_ml() const { return partial_ml_.as<float>(); }    // f32 [max_q_heads, max_splits, 2]
   unsigned* counters() const { return counters_.as<unsigned>(); }  // u32 [max_q_heads]
 
  private:
   int max_q_heads_, max_head_dim_, max_splits_, min_chunk_;
+  Tuning tuning_;
   DeviceBuffer partial_out_, partial_ml_, counters_;
 };
 
@@ -231,22 +222,16 @@ class AttentionWorkspace {
 //   T > 1 : a write kernel, then one block per (query, kv head, group).
 // Preconditions (checked by the caller / the planner, not here): a flat pool
 // has room for pos+T-1; a ring step has T <= max_write.
-void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, cudaStream_t stream);
+void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch stream);
 
 // Only the write half: k/v rows -> pool slots of positions pos..pos+T-1.
-void write_kv(const AttentionParams& p, cudaStream_t stream);
+void write_kv(const AttentionParams& p, Launch stream);
 
 // ---------------------------------------------------------------- selection
 
-// Sampling settings, read from DEVICE memory when the kernel runs (so one
-// recorded step serves any settings). Same fields as ops::SamplingParams.
-struct SamplingConfig {
-  float temperature = 0.0f;          // <= 0: greedy
-  int32_t top_k = 0;                 // 0: off
-  float top_p = 1.0f;                // >= 1: off
-  float repetition_penalty = 1.0f;   // 1: off (HF rule: logit > 0 ? logit / p : logit * p)
-  uint64_t seed = 0;
-};
+// Sampling settings are ops::SamplingParams, read from DEVICE memory when
+// the kernel runs (so one recorded step serves any settings).
+using SamplingConfig = ops::SamplingParams;
 
 // Scratch of argmax / sample: a 64-bit max slot and a block counter, zeroed
 // at construction and left zeroed by every kernel that uses them.
@@ -261,7 +246,7 @@ class SelectWorkspace {
 };
 
 // out_token i32 [1] = argmax of logits f32 [V] (lowest index on ties).
-void argmax(const float* logits, int V, int32_t* out_token, SelectWorkspace& ws, cudaStream_t stream);
+void argmax(const float* logits, int V, int32_t* out_token, SelectWorkspace& ws, Launch stream);
 
 struct SampleParams {
   float* logits = nullptr;                  // f32 [V]; banned ids are set to -inf in place
@@ -278,11 +263,11 @@ struct SampleParams {
 // u = uniform01(seed, pos) (the same counter-based generator as the CPU
 // backend) walking the kept tokens by decreasing logit, ties by id. Masses
 // are summed in 32.32 fixed point, so the result is deterministic.
-void sample(const SampleParams& p, SelectWorkspace& ws, cudaStream_t stream);
+void sample(const SampleParams& p, SelectWorkspace& ws, Launch stream);
 
 // logits[ids[i]] = -inf for i < n (ids on the device; out-of-range ids ignored).
-void mask_tokens(float* logits, int V, const int32_t* ids, int n, cudaStream_t stream);
+void mask_tokens(float* logits, int V, const int32_t* ids, int n, Launch stream);
 // seen[ids[i]] = 1 for i < n.
-void mark_seen(const int32_t* ids, int n, uint8_t* seen, int V, cudaStream_t stream);
+void mark_seen(const int32_t* ids, int n, uint8_t* seen, int V, Launch stream);
 
 }  // namespace kvgraph::cuda

@@ -30,19 +30,14 @@ struct GemvArgs {
   const float* residual;  // [N] or null; may alias out
   float* out;         // [N], or [N / 2] with a gate
   int N, K;
-  Gate gate;
+  bool gated;
+  Activation act;  // of the gate
   // RMSNorm prologue (kernels instantiated with kNorm only): g_k = norm_add + norm[k],
   // norm_add = 1 for plus_one, else 0 (0 + g == g up to the sign of a zero, so one add serves both).
   const float* norm;  // f32 [K]
   float norm_add;
   float norm_eps;
 };
-
-__device__ __forceinline__ float gate_act(float g, Gate gate) {
-  if (gate == Gate::silu) return g / (1.0f + expf(-g));
-  constexpr float k = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
-}
 
 // Rows n0 and n0 + 1 are finished by one thread: bias, residual or gate.
 template <typename W>
@@ -52,8 +47,8 @@ __device__ __forceinline__ void gemv_epilogue(const GemvArgs<W>& a, int n0, floa
     if (ok0) acc0 += detail::to_f32(a.bias[n0]);
     if (ok1) acc1 += detail::to_f32(a.bias[n0 + 1]);
   }
-  if (a.gate != Gate::none) {  // N is even, n0 is even: both rows exist together
-    if (ok0) a.out[n0 / 2] = gate_act(acc0, a.gate) * acc1;
+  if (a.gated) {  // N is even, n0 is even: both rows exist together
+    if (ok0) a.out[n0 / 2] = activate(acc0, a.act) * acc1;
     return;
   }
   if (a.residual) {
@@ -273,21 +268,8 @@ __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
   if (lane == 0) gemv_epilogue(a, n0, acc0, acc1);
 }
 
-// KVGRAPH_GEMV=block2|warp2|warp4 overrides the automatic choice (experiments:
-// run `kvgraph bench` under each to see the whole-step effect).
-GemvShape initial_gemv_shape() {
-  const char* e = std::getenv("KVGRAPH_GEMV");
-  if (!e) return GemvShape::automatic;
-  const std::string v = e;
-  if (v == "block2") return GemvShape::block2;
-  if (v == "warp2") return GemvShape::warp2;
-  if (v == "warp4") return GemvShape::warp4;
-  return GemvShape::automatic;
-}
-GemvShape g_gemv_shape = initial_gemv_shape();
-
 template <typename W, bool kNorm>
-void launch_gemv(const GemvArgs<W>& a, cudaStream_t stream) {
+void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Launch stream) {
   constexpr int kVE = 16 / sizeof(W);
   const bool aligned = a.K % kVE == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
@@ -298,7 +280,6 @@ void launch_gemv(const GemvArgs<W>& a, cudaStream_t stream) {
     return;
   }
   const int nvec = a.K / kVE;
-  GemvShape shape = g_gemv_shape;
   if (shape == GemvShape::automatic) {
     // Whole-step timings on the H200 (bench/results/h200-2026-12-02-session3.md):
     // a block per pair of rows from 256 vectors a row (K >= 2048 at bf16), else
@@ -369,7 +350,7 @@ __global__ void bias_kernel(float* out, const W* bias, int T, int N) {
 
 // out [T, N/2] = act(y[:, 2i] + b[2i]) * (y[:, 2i+1] + b[2i+1]) for y [T, N].
 template <typename W>
-__global__ void gate_kernel(const float* y, const W* bias, float* out, int T, int N, Gate gate) {
+__global__ void gate_kernel(const float* y, const W* bias, float* out, int T, int N, Activation act) {
   detail::griddep_launch_dependents();
   detail::griddep_wait();
   const int F = N / 2;
@@ -382,7 +363,7 @@ __global__ void gate_kernel(const float* y, const W* bias, float* out, int T, in
     g += detail::to_f32(bias[2 * f]);
     u += detail::to_f32(bias[2 * f + 1]);
   }
-  out[i] = gate_act(g, gate) * u;
+  out[i] = activate(g, act) * u;
 }
 
 constexpr size_t kCublasWorkspace = size_t{32} << 20;
@@ -399,7 +380,7 @@ struct GemmContext::Impl {
   DeviceBuffer y;       // f32 [T, N] (gated epilogue)
 
   // Grows `buf` to `bytes`; not allowed while the stream is being captured.
-  static void ensure(DeviceBuffer& buf, size_t bytes, cudaStream_t stream) {
+  static void ensure(DeviceBuffer& buf, size_t bytes, Launch stream) {
     if (buf.bytes() >= bytes) return;
     cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
     KVGRAPH_CUDA_CHECK(cudaStreamIsCapturing(stream, &st));
@@ -425,8 +406,6 @@ GemmContext::~GemmContext() {
   }
 }
 
-void set_gemv_shape(GemvShape shape) { g_gemv_shape = shape; }
-
 void GemmContext::reserve(int64_t max_tokens, int64_t max_dim) {
   const size_t n = size_t(max_tokens) * size_t(max_dim);
   if (impl_->x_bf16.bytes() < n * 2) impl_->x_bf16 = DeviceBuffer(n * 2);
@@ -436,10 +415,10 @@ void GemmContext::reserve(int64_t max_tokens, int64_t max_dim) {
 
 // ---------------------------------------------------------------- linear
 
-void linear(const LinearParams& p, GemmContext* gemm, cudaStream_t stream) {
+void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
   if (p.T < 1 || p.N < 1 || p.K < 1) fail_op("linear", "bad shape");
   if (!p.x || !p.w || !p.out) fail_op("linear", "null pointer");
-  if (p.gate != Gate::none && (p.N % 2 || p.residual))
+  if (p.gated && (p.N % 2 || p.residual))
     fail_op("linear", "a gated linear needs an even N and no residual");
 
   const float norm_add = p.norm_plus_one ? 1.0f : 0.0f;
@@ -448,17 +427,17 @@ void linear(const LinearParams& p, GemmContext* gemm, cudaStream_t stream) {
     using W = decltype(tag);
     if (p.T == 1) {
       GemvArgs<W> a{static_cast<const W*>(p.w), p.x, static_cast<const W*>(p.bias), p.residual, p.out,
-                    p.N, p.K, p.gate, p.norm, norm_add, p.norm_eps};
+                    p.N, p.K, p.gated, p.act, p.norm, norm_add, p.norm_eps};
       if (p.norm)
-        launch_gemv<W, true>(a, stream);
+        launch_gemv<W, true>(a, p.shape, stream);
       else
-        launch_gemv<W, false>(a, stream);
+        launch_gemv<W, false>(a, p.shape, stream);
       return;
     }
     if (!gemm) fail_op("linear", "T > 1 needs a GemmContext");
     GemmContext::Impl& g = *gemm->impl();
     const int64_t TK = int64_t(p.T) * p.K, TN = int64_t(p.T) * p.N;
-    const bool gated = p.gate != Gate::none;
+    const bool gated = p.gated;
 
     const void* B = p.x;
     cudaDataType_t ab_type = CUDA_R_32F;
@@ -498,7 +477,7 @@ void linear(const LinearParams& p, GemmContext* gemm, cudaStream_t stream) {
     const W* bias = static_cast<const W*>(p.bias);
     if (gated) {
       launch(gate_kernel<W>, dim3(ceil_div(TN / 2, 256)), dim3(256), 0, stream, static_cast<const float*>(C), bias,
-             p.out, p.T, p.N, p.gate);
+             p.out, p.T, p.N, p.act);
     } else if (bias) {
       launch(bias_kernel<W>, dim3(ceil_div(TN, 256)), dim3(256), 0, stream, p.out, bias, p.T, p.N);
     }

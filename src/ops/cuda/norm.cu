@@ -56,7 +56,7 @@ unsigned norm_threads(int dim) {
 }
 
 template <bool kAdd>
-void run_norm(const NormArgs& a, DType w_dtype, cudaStream_t stream) {
+void run_norm(const NormArgs& a, DType w_dtype, Launch stream) {
   if (a.dim <= 0 || a.rows < 0 || a.heads <= 0) fail_op("rms_norm", "bad shape");
   if (a.rows > 0x7fffffff) fail_op("rms_norm", "too many rows");
   dispatch_weight(w_dtype, "rms_norm", [&](auto tag) {
@@ -67,7 +67,7 @@ void run_norm(const NormArgs& a, DType w_dtype, cudaStream_t stream) {
 
 }  // namespace
 
-void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
+void rms_norm(const RmsNormParams& p, Launch stream) {
   NormArgs a{};
   a.x = p.x;
   a.residual = nullptr;
@@ -86,7 +86,7 @@ void rms_norm(const RmsNormParams& p, cudaStream_t stream) {
 }
 
 void rms_norm(const float* x, const void* w, DType w_dtype, float* out, int64_t rows, int D, float eps,
-              bool plus_one, cudaStream_t stream) {
+              bool plus_one, Launch stream) {
   RmsNormParams p;
   p.x = x;
   p.out = out;
@@ -101,7 +101,7 @@ void rms_norm(const float* x, const void* w, DType w_dtype, float* out, int64_t 
 }
 
 void add_rms_norm(float* residual, const float* delta, const void* w, DType w_dtype, float* out, int64_t rows,
-                  int D, float eps, bool plus_one, cudaStream_t stream) {
+                  int D, float eps, bool plus_one, Launch stream) {
   if (out == residual) fail_op("add_rms_norm", "out must not alias residual");
   NormArgs a{};
   a.x = delta;

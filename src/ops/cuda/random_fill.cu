@@ -3,19 +3,13 @@
 #include <cuda_runtime.h>
 
 #include "kvgraph/dtype.h"
+#include "kvgraph/scalar.h"
+#include "ops/cuda/kernels.h"
 #include "ops/cuda/runtime.h"
 
 namespace kvgraph::cuda {
 
 namespace {
-
-__device__ __forceinline__ float uniform01(uint64_t seed, uint32_t counter) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(counter) + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-}
 
 template <typename T>
 __global__ void fill_kernel(T* p, int64_t n, uint64_t seed, float scale) {
@@ -30,7 +24,7 @@ __global__ void fill_kernel(T* p, int64_t n, uint64_t seed, float scale) {
 
 }  // namespace
 
-void fill_uniform(void* p, DType dt, int64_t n, uint64_t seed, float scale, cudaStream_t stream) {
+void fill_uniform(void* p, DType dt, int64_t n, uint64_t seed, float scale, Launch stream) {
   const int blocks = 132 * 8;
   if (dt == DType::F32)
     fill_kernel<float><<<blocks, 256, 0, stream>>>(static_cast<float*>(p), n, seed, scale);

@@ -27,14 +27,14 @@ __global__ void rope_kernel(RopeParams p, int64_t row_stride) {
 
 }  // namespace
 
-void rope(const RopeParams& p, cudaStream_t stream) {
+void rope(const RopeParams& p, Launch stream) {
   if (p.head_dim <= 0 || p.head_dim % 2 || p.T < 0 || p.n_heads <= 0) fail_op("rope", "bad shape");
   const int64_t stride = p.row_stride ? p.row_stride : int64_t(p.n_heads) * p.head_dim;
   const int64_t total = int64_t(p.T) * p.n_heads * (p.head_dim / 2);
   launch(rope_kernel, dim3(ceil_div(total, 256)), dim3(256), 0, stream, p, stride);
 }
 
-void rope(float* x, const int32_t* pos, const float* inv_freq, int T, int H, int head_dim, cudaStream_t stream) {
+void rope(float* x, const int32_t* pos, const float* inv_freq, int T, int H, int head_dim, Launch stream) {
   RopeParams p;
   p.x = x;
   p.pos = pos;

@@ -29,13 +29,6 @@ void fail_status(cudaError_t status, const char* call, const char* file, int lin
 
 void fail_op(const char* op, const std::string& msg) { throw Error(std::string("[cuda] ") + op + ": " + msg); }
 
-namespace {
-std::atomic<bool> g_programmatic_launch{true};
-}  // namespace
-
-void set_programmatic_launch(bool on) { g_programmatic_launch.store(on); }
-bool programmatic_launch() { return g_programmatic_launch.load(); }
-
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -50,42 +43,6 @@ int sm_count() {
   KVGRAPH_CUDA_CHECK(cudaGetDevice(&dev));
   KVGRAPH_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
   return n;
-}
-
-// ---------------------------------------------------------------- DeviceBuffer
-
-DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes > 0) KVGRAPH_CUDA_CHECK(cudaMalloc(&data_, bytes));
-}
-DeviceBuffer::~DeviceBuffer() {
-  if (data_) cudaFree(data_);
-}
-DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), bytes_(std::exchange(o.bytes_, 0)) {}
-DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
-  if (this != &o) {
-    if (data_) cudaFree(data_);
-    data_ = std::exchange(o.data_, nullptr);
-    bytes_ = std::exchange(o.bytes_, 0);
-  }
-  return *this;
-}
-void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
-  if (offset + bytes > bytes_) fail_op("DeviceBuffer", "upload past the end of the buffer");
-  if (bytes) KVGRAPH_CUDA_CHECK(cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice));
-  // A pageable upload may still be in flight when cudaMemcpy returns, and a
-  // kernel launched with programmatic serialization does not wait for it:
-  // finish it here.
-  if (bytes) KVGRAPH_CUDA_CHECK(cudaDeviceSynchronize());
-}
-void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
-  if (offset + bytes > bytes_) fail_op("DeviceBuffer", "download past the end of the buffer");
-  if (bytes)
-    KVGRAPH_CUDA_CHECK(cudaMemcpy(dst, static_cast<const char*>(data_) + offset, bytes, cudaMemcpyDeviceToHost));
-}
-void DeviceBuffer::zero() {
-  if (bytes_) KVGRAPH_CUDA_CHECK(cudaMemset(data_, 0, bytes_));
-  if (bytes_) KVGRAPH_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 // ---------------------------------------------------------------- streams, events

@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kvgraph/tensor.h"
+
 namespace kvgraph::cuda {
 
 // Throws kvgraph::Error("[cuda] <call> failed: <name> (<description>) at file:line").
@@ -21,31 +23,13 @@ int device_count();
 // Streaming multiprocessors of the current device.
 int sm_count();
 
-// Device memory owned for its whole life (cudaMalloc / cudaFree). Contents
-// are undefined until written. Movable, not copyable.
-class DeviceBuffer {
+// Device memory of the kernel layer: kvgraph::Buffer on Device::CUDA (one
+// RAII owner of device memory for the whole library). Contents are undefined
+// until written; upload/download/zero are synchronous.
+class DeviceBuffer : public Buffer {
  public:
   DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t bytes);
-  ~DeviceBuffer();
-  DeviceBuffer(DeviceBuffer&& o) noexcept;
-  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-
-  void* data() const { return data_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(data_); }
-  size_t bytes() const { return bytes_; }
-
-  // Synchronous host <-> device copies of `bytes` at byte `offset`.
-  void upload(const void* src, size_t bytes, size_t offset = 0);
-  void download(void* dst, size_t bytes, size_t offset = 0) const;
-  void zero();  // synchronous memset to 0
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
+  explicit DeviceBuffer(size_t bytes) : Buffer(Device::CUDA, bytes) {}
 };
 
 // A stream that is ordered after the legacy default stream (cudaStreamDefault).

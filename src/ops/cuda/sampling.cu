@@ -20,15 +20,6 @@ namespace {
 constexpr int kSelThreads = 1024;
 constexpr int kPerThread = 8;  // logits per thread in the max pass: sizes the grid
 
-// Must stay identical to kvgraph::cpu::uniform01 (src/ops/cpu/kernels.h).
-__device__ __forceinline__ float uniform01(uint64_t seed, int32_t counter) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ull * (static_cast<uint64_t>(counter) + 1);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-}
-
 struct SelectArgs {
   const float* logits;
   int V;
@@ -317,7 +308,7 @@ __global__ void mark_seen_kernel(const int32_t* ids, int n, uint8_t* seen, int V
   if (i < n && ids[i] >= 0 && ids[i] < V) seen[ids[i]] = 1;
 }
 
-void launch_select(const SelectArgs& a, cudaStream_t stream) {
+void launch_select(const SelectArgs& a, Launch stream) {
   if (a.V < 1) fail_op("sample", "empty vocabulary");
   launch(select_kernel, dim3(ceil_div(a.V, int64_t(kSelThreads) * kPerThread)), dim3(kSelThreads), 0, stream, a);
 }
@@ -326,21 +317,21 @@ void launch_select(const SelectArgs& a, cudaStream_t stream) {
 
 SelectWorkspace::SelectWorkspace() : buf_(2 * sizeof(unsigned long long)) { buf_.zero(); }
 
-void argmax(const float* logits, int V, int32_t* out_token, SelectWorkspace& ws, cudaStream_t stream) {
+void argmax(const float* logits, int V, int32_t* out_token, SelectWorkspace& ws, Launch stream) {
   launch_select(SelectArgs{logits, V, nullptr, nullptr, nullptr, out_token, ws.slot(), ws.counter()}, stream);
 }
 
-void sample(const SampleParams& p, SelectWorkspace& ws, cudaStream_t stream) {
+void sample(const SampleParams& p, SelectWorkspace& ws, Launch stream) {
   if (!p.logits || !p.config || !p.token) fail_op("sample", "null pointer");
   if (p.n_banned > 0) mask_tokens(p.logits, p.V, p.banned, p.n_banned, stream);
   launch_select(SelectArgs{p.logits, p.V, p.config, p.seen, p.pos, p.token, ws.slot(), ws.counter()}, stream);
 }
 
-void mask_tokens(float* logits, int V, const int32_t* ids, int n, cudaStream_t stream) {
+void mask_tokens(float* logits, int V, const int32_t* ids, int n, Launch stream) {
   launch(mask_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, stream, logits, V, ids, n);
 }
 
-void mark_seen(const int32_t* ids, int n, uint8_t* seen, int V, cudaStream_t stream) {
+void mark_seen(const int32_t* ids, int n, uint8_t* seen, int V, Launch stream) {
   launch(mark_seen_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, stream, ids, n, seen, V);
 }
 

@@ -1,0 +1,42 @@
+#pragma once
+// Value types the op set shares with its callers and both backends. They sit
+// on the ground floor (tensors and scalars only), so neither the op front,
+// nor a backend, nor the model needs to include another's header for them.
+#include <cstdint>
+
+#include "kvgraph/scalar.h"
+#include "kvgraph/tensor.h"
+
+namespace kvgraph::ops {
+
+// Sampling settings; temperature 0 means greedy (argmax, lowest id on ties).
+// The decode step reads them from device memory when it runs (the bytes of
+// this struct, as Session uploads them), so one recording serves any
+// settings: the layout is part of the CPU/CUDA contract.
+struct SamplingParams {
+  float temperature = 0.0f;
+  int32_t top_k = 0;                // 0: off
+  float top_p = 1.0f;               // 1: off
+  float repetition_penalty = 1.0f;  // 1: off (HF rule: logit > 0 ? /p : *p)
+  uint64_t seed = 0;
+};
+
+// What a linear layer may fuse around its product (the decoder's fused
+// kernels). In order: norm prologue, product, bias, then either the gate or
+// the residual.
+struct LinearOptions {
+  const Tensor* bias = nullptr;  // [N], same dtype as w
+  // RMSNorm prologue: each row of x is used as rms_norm(x) * norm (Gemma:
+  // * (1 + norm)); x itself is not modified. f32 [K].
+  const Tensor* norm = nullptr;
+  float norm_eps = 1e-6f;
+  bool norm_plus_one = false;
+  // Gated epilogue: w's rows interleave gate and up (gate_0, up_0, gate_1,
+  // ...), and out f32 [T, N/2] = act(x @ gate^T) * (x @ up^T).
+  bool gated = false;
+  Activation act = Activation::SiLU;
+  // Residual epilogue: out = ... + residual (f32 [T, N]; may alias out).
+  const Tensor* residual = nullptr;
+};
+
+}  // namespace kvgraph::ops

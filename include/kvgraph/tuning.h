@@ -1,0 +1,37 @@
+#pragma once
+// Kernel tuning: launch-shape choices that never change results beyond
+// rounding, carried by the Stream (so a recorded step bakes in the tuning it
+// was recorded with) and set by the CLI/bench flags. The defaults are what
+// the measurements in docs/design.md chose; the other values exist for
+// experiments (`kvgraph bench --tune gemv=warp4,attn-heads=2`).
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace kvgraph {
+
+struct Tuning {
+  // Launch shape of the T == 1 GEMV. automatic: a block per row pair for
+  // long rows (K >= 2048 bf16), a warp per row pair otherwise.
+  enum class Gemv : uint8_t { automatic, block2, warp2, warp4 };
+  Gemv gemv = Gemv::automatic;
+  // Decode (T == 1) attention through the T > 1 kernel, for comparison.
+  bool legacy_decode_attention = false;
+  int attn_heads = 0;   // most query heads per decode block (1, 2, 4, 8); 0: by span
+  int attn_chunk = 0;   // fewest keys per decode split; 0: from the head dim
+  // Programmatic dependent launch on every CUDA kernel.
+  bool programmatic_launch = true;
+
+  bool operator==(const Tuning&) const = default;
+
+  // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on": every
+  // field, in the form parse() reads.
+  std::string describe() const;
+  // Comma-separated key=value pairs over the defaults (keys: gemv
+  // auto|block2|warp2|warp4, attn fast|legacy, attn-heads 0|1|2|4|8,
+  // attn-chunk N >= 0, pdl on|off). Throws kvgraph::Error("[tuning] ...") on
+  // an unknown key or value.
+  static Tuning parse(std::string_view spec);
+};
+
+}  // namespace kvgraph

@@ -1,0 +1,53 @@
+#pragma once
+// The CUDA backend of a Stream: its cudaStream_t, the recorded graph, the
+// pinned words token reads land in, the tuning, and the scratch the ops
+// keep per stream. A recorded graph points into that scratch, so it lives
+// exactly as long as the stream. Plain C++ (g++-compiled files include it).
+#include <cuda_runtime_api.h>
+
+#include "kvgraph/stream.h"
+#include "ops/backend.h"
+#include "ops/cuda/kernels.h"
+#include "ops/cuda/runtime.h"
+
+namespace kvgraph::cuda {
+
+class CudaContext final : public StreamBackend {
+ public:
+  explicit CudaContext(const Tuning& t);
+  ~CudaContext() override;
+
+  void submit(std::function<void()> fn, bool recording) override;
+  void begin_record() override;
+  void end_record() override;
+  void replay() override;
+  bool has_recording() const override { return graph_.ready(); }
+  void discard_recording() override { graph_.reset(); }
+  size_t recorded_ops() const override { return graph_.node_count(); }
+  void synchronize() override { stream_.synchronize(); }
+  void reserve_reads(int n) override;
+  void queue_read_i32(const int32_t* src, int slot) override;
+  const int32_t* slots() const override { return pinned_; }
+  void set_tuning(const Tuning& t) override;
+
+  // Where this stream's kernels launch, with the tuning's PDL switch.
+  Launch launch() const { return Launch(stream_.get(), tuning_.programmatic_launch); }
+  const Tuning& tuning() const { return tuning_; }
+  GemmContext& gemm() { return gemm_; }
+  AttentionWorkspace& attention() { return attention_; }
+  SelectWorkspace& select() { return select_; }
+
+ private:
+  Tuning tuning_;
+  CudaStream stream_;
+  CudaGraph graph_;
+  int32_t* pinned_ = nullptr;
+  GemmContext gemm_;
+  AttentionWorkspace attention_{/*max_q_heads=*/128, /*max_head_dim=*/256, /*max_splits=*/64, /*min_chunk=*/0};
+  SelectWorkspace select_;
+};
+
+// The CUDA backend behind a Stream on Device::CUDA.
+CudaContext& context(Stream& s);
+
+}  // namespace kvgraph::cuda

@@ -1,0 +1,66 @@
+#include "kvgraph/tuning.h"
+
+#include <charconv>
+
+#include "kvgraph/error.h"
+
+namespace kvgraph {
+
+namespace {
+
+constexpr std::string_view kGemvNames[] = {"auto", "block2", "warp2", "warp4"};
+
+int parse_count(std::string_view key, std::string_view v) {
+  if (v == "auto") return 0;
+  int n = -1;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || end != v.data() + v.size() || n < 0 || n > (1 << 20))
+    fail("tuning", "{}={}: expected auto or a whole number in [0, {}]", key, v, 1 << 20);
+  return n;
+}
+
+std::string count_str(int n) { return n == 0 ? "auto" : std::to_string(n); }
+
+}  // namespace
+
+std::string Tuning::describe() const {
+  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={}", kGemvNames[static_cast<int>(gemv)],
+                     legacy_decode_attention ? "legacy" : "fast", count_str(attn_heads), count_str(attn_chunk),
+                     programmatic_launch ? "on" : "off");
+}
+
+Tuning Tuning::parse(std::string_view spec) {
+  Tuning t;
+  while (!spec.empty()) {
+    const size_t comma = spec.find(',');
+    const std::string_view item = spec.substr(0, comma);
+    spec = comma == std::string_view::npos ? std::string_view{} : spec.substr(comma + 1);
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string_view::npos) fail("tuning", "\"{}\": expected key=value", item);
+    const std::string_view key = item.substr(0, eq), v = item.substr(eq + 1);
+    if (key == "gemv") {
+      bool found = false;
+      for (int i = 0; i < 4; ++i)
+        if (v == kGemvNames[i]) t.gemv = static_cast<Gemv>(i), found = true;
+      if (!found) fail("tuning", "gemv={}: expected auto, block2, warp2 or warp4", v);
+    } else if (key == "attn") {
+      if (v != "fast" && v != "legacy") fail("tuning", "attn={}: expected fast or legacy", v);
+      t.legacy_decode_attention = v == "legacy";
+    } else if (key == "attn-heads") {
+      t.attn_heads = parse_count(key, v);
+      if (t.attn_heads != 0 && t.attn_heads != 1 && t.attn_heads != 2 && t.attn_heads != 4 && t.attn_heads != 8)
+        fail("tuning", "attn-heads={}: expected auto, 1, 2, 4 or 8", v);
+    } else if (key == "attn-chunk") {
+      t.attn_chunk = parse_count(key, v);
+    } else if (key == "pdl") {
+      if (v != "on" && v != "off") fail("tuning", "pdl={}: expected on or off", v);
+      t.programmatic_launch = v == "on";
+    } else {
+      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl)", key);
+    }
+  }
+  return t;
+}
+
+}  // namespace kvgraph
