@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -137,7 +136,7 @@ struct SlotSpec {
   bool outside_decoder = false;  // named after CheckpointNames::top, not ::decoder (lm_head)
 };
 
-// The model-level tensors of a Model.
+// A Model's tensors, as build_weights makes them.
 struct Weights {
   Tensor embed;       // [V, D]
   Tensor final_norm;  // f32 [D]

@@ -2,7 +2,6 @@
 // tensors that the config parser, the loader and the synthetic checkpoints
 // read: every family has an entry, the loader accepts a checkpoint holding
 // exactly the schema's tensors, and refuses one missing any of them, naming it.
-#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
