@@ -1,14 +1,10 @@
 // Model::load: config.json + safetensors -> device tensors, named and
-// shape-checked as transformers names them.
-#include <algorithm>
-#include <cmath>
-#include <random>
-
-#include <fmt/format.h>
+// shape-checked as the family schema (family.h) lists them.
 
 #include "kvgraph/error.h"
 #include "kvgraph/model.h"
 #include "kvgraph/safetensors.h"
+#include "models/family.h"
 
 namespace kvgraph {
 
@@ -41,57 +37,34 @@ struct Loader {
     if (progress) progress(done_bytes, total_bytes);
     return v;
   }
-  Tensor put(const std::vector<float>& v, std::vector<int64_t> shape, bool matrix) {
-    Tensor t = upload(v, std::move(shape), matrix ? matrix_dtype : DType::F32, device);
+  // The parts of one Model tensor, read and laid out as the plan says:
+  // stacked (all rows of each part in turn) or interleaved (row r of each part in turn).
+  Tensor make(const TensorPlan& plan) {
+    std::vector<std::vector<float>> parts;
+    for (const TensorPlan::Part& p : plan.parts) parts.push_back(host(p.name, p.shape));
+    const std::vector<int64_t> shape = plan.shape();
+    std::vector<float> all;
+    if (parts.size() == 1) {
+      all = std::move(parts.front());
+    } else if (plan.fuse == Fuse::interleave) {
+      const std::vector<int64_t>& part_shape = plan.parts.front().shape;
+      const int64_t rows = part_shape[0], row = part_shape.size() > 1 ? part_shape[1] : 1;
+      for (int64_t r = 0; r < rows; ++r)
+        for (const std::vector<float>& v : parts) all.insert(all.end(), v.begin() + r * row, v.begin() + (r + 1) * row);
+    } else {
+      for (const std::vector<float>& v : parts) all.insert(all.end(), v.begin(), v.end());
+    }
+    Tensor t = upload(all, shape, plan.role == Role::norm ? DType::F32 : matrix_dtype, device);
     *weight_bytes += t.nbytes();
     return t;
   }
-  Tensor get(const std::string& name, std::vector<int64_t> shape, bool matrix) {
-    return put(host(name, shape), shape, matrix);
-  }
-  // Tensors stacked along their first dimension into one (fused projections).
-  // Biases are stored like their matrices (the CUDA GEMV reads both alike).
-  Tensor stacked(const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols) {
-    std::vector<float> all;
-    int64_t total = 0;
-    for (size_t i = 0; i < names.size(); ++i) {
-      std::vector<int64_t> shape = cols ? std::vector<int64_t>{rows[i], cols} : std::vector<int64_t>{rows[i]};
-      std::vector<float> v = host(names[i], shape);
-      all.insert(all.end(), v.begin(), v.end());
-      total += rows[i];
-    }
-    return put(all, cols ? std::vector<int64_t>{total, cols} : std::vector<int64_t>{total}, true);
-  }
-  // Two [F, cols] (or [F]) tensors a, b as one [2F, cols] with rows a_0, b_0, a_1, b_1, ...
-  Tensor interleaved(const std::string& a, const std::string& b, int64_t F, int64_t cols) {
-    const std::vector<int64_t> shape = cols ? std::vector<int64_t>{F, cols} : std::vector<int64_t>{F};
-    const std::vector<float> va = host(a, shape), vb = host(b, shape);
-    const int64_t c = cols ? cols : 1;
-    std::vector<float> all(size_t(2 * F * c));
-    for (int64_t r = 0; r < F; ++r) {
-      std::copy_n(va.begin() + r * c, c, all.begin() + 2 * r * c);
-      std::copy_n(vb.begin() + r * c, c, all.begin() + (2 * r + 1) * c);
-    }
-    return put(all, cols ? std::vector<int64_t>{2 * F, cols} : std::vector<int64_t>{2 * F}, true);
-  }
 };
 
-// Where the decoder's tensors live. Text-only checkpoints name them
-// "model.*". Gemma 3 multimodal checkpoints (Gemma3ForConditionalGeneration,
-// config with "text_config") keep the text decoder beside a vision tower: the
-// published ones as "language_model.model.*" (lm_head, when present, as
-// "language_model.lm_head.weight"), those saved by newer transformers as
-// "model.language_model.*". Only the decoder is loaded.
-struct Names {
-  std::string decoder = "model.";
-  std::string lm_head = "lm_head.weight";
-};
-
-Names checkpoint_names(const WeightStore& store, const ModelConfig& c) {
+// See CheckpointNames; a multimodal checkpoint's layout is told by where its embedding is.
+CheckpointNames checkpoint_names(const WeightStore& store, const ModelConfig& c) {
   if (!c.nested_text_config) return {};
-  if (store.has("language_model.model.embed_tokens.weight"))
-    return {"language_model.model.", "language_model.lm_head.weight"};
-  if (store.has("model.language_model.embed_tokens.weight")) return {"model.language_model.", "lm_head.weight"};
+  if (store.has("language_model.model.embed_tokens.weight")) return {"language_model.model.", "language_model."};
+  if (store.has("model.language_model.embed_tokens.weight")) return {"model.language_model.", ""};
   return {};  // the usual missing-tensor error names "model.embed_tokens.weight"
 }
 
@@ -106,10 +79,11 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
   const ModelConfig& c = m->cfg_;
   WeightStore store(dir);
 
-  const Names names = checkpoint_names(store, c);
-  size_t stored_bytes = 0;  // what is loaded (no vision tower): progress counts it
-  for (const std::string& n : store.names())
-    if (n.rfind(names.decoder, 0) == 0 || n == names.lm_head) stored_bytes += store.get(n).nbytes;
+  const CheckpointNames names = checkpoint_names(store, c);
+  size_t stored_bytes = 0;  // what is loaded (no vision tower, no tied lm_head): progress counts it
+  for (const TensorPlan& plan : plan_weights(c, names))
+    for (const TensorPlan::Part& p : plan.parts)
+      if (store.has(p.name)) stored_bytes += store.get(p.name).nbytes;
 
   // Matrices: CUDA keeps 16-bit checkpoints in bf16. The CPU keeps a
   // checkpoint in bf16 only when it is stored in bf16 (lossless) and
@@ -126,41 +100,11 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
   m->matrix_dtype_ = bf16 ? DType::BF16 : DType::F32;
   Loader ld{store, device, m->matrix_dtype_, stored_bytes, 0, progress, &m->weight_bytes_};
 
-  const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
-  const int64_t QD = int64_t(c.num_heads) * hd, KD = int64_t(c.num_kv_heads) * hd;
-  m->embed_ = ld.get(embed_name, {V, D}, true);
-  m->final_norm_ = ld.get(names.decoder + "norm.weight", {D}, false);
-  if (c.tie_word_embeddings || !store.has(names.lm_head)) {
-    if (!c.tie_word_embeddings) fail("weights", "missing tensor \"{}\" in {}", names.lm_head, dir.string());
-    m->lm_head_ = m->embed_;
-  } else {
-    m->lm_head_ = ld.get(names.lm_head, {V, D}, true);
-  }
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string p = fmt::format("{}layers.{}.", names.decoder, l);
-    LayerWeights L;
-    const std::string at = p + "self_attn.";
-    L.qkv_proj = ld.stacked({at + "q_proj.weight", at + "k_proj.weight", at + "v_proj.weight"}, {QD, KD, KD}, D);
-    if (c.attention_bias)
-      L.qkv_bias = ld.stacked({at + "q_proj.bias", at + "k_proj.bias", at + "v_proj.bias"}, {QD, KD, KD}, 0);
-    L.o_proj = ld.get(at + "o_proj.weight", {D, QD}, true);
-    if (c.attention_out_bias) L.o_bias = ld.get(at + "o_proj.bias", {D}, true);
-    if (c.qk_norm) {
-      L.q_norm = ld.get(at + "q_norm.weight", {hd}, false);
-      L.k_norm = ld.get(at + "k_norm.weight", {hd}, false);
-    }
-    L.input_norm = ld.get(p + "input_layernorm.weight", {D}, false);
-    L.post_attention_norm = ld.get(p + "post_attention_layernorm.weight", {D}, false);
-    if (c.sandwich_norms) {
-      L.pre_feedforward_norm = ld.get(p + "pre_feedforward_layernorm.weight", {D}, false);
-      L.post_feedforward_norm = ld.get(p + "post_feedforward_layernorm.weight", {D}, false);
-    }
-    L.gate_up_proj = ld.interleaved(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", F, D);
-    if (c.mlp_bias) L.gate_up_bias = ld.interleaved(p + "mlp.gate_proj.bias", p + "mlp.up_proj.bias", F, 0);
-    L.down_proj = ld.get(p + "mlp.down_proj.weight", {D, F}, true);
-    if (c.mlp_bias) L.down_bias = ld.get(p + "mlp.down_proj.bias", {D}, true);
-    m->layers_.push_back(std::move(L));
-  }
+  Weights w = build_weights(c, names, [&](const TensorPlan& plan) { return ld.make(plan); });
+  m->embed_ = std::move(w.embed);
+  m->final_norm_ = std::move(w.final_norm);
+  m->lm_head_ = std::move(w.lm_head);
+  m->layers_ = std::move(w.layers);
   m->upload_rope();
   return m;
 }

@@ -13,14 +13,13 @@
 #include <nlohmann/json.hpp>
 
 #include "kvgraph/error.h"
+#include "models/family.h"
 
 namespace kvgraph {
 
 namespace {
 
 using json = nlohmann::json;
-
-constexpr std::string_view kSupported = "llama, qwen2, mistral, gemma2, gemma3_text, qwen3";
 
 // Short rendering of a JSON value for error messages.
 std::string show(const json& v) {
@@ -119,42 +118,6 @@ class Reader {
   std::string prefix_;
 };
 
-// Per-family values of the transformers (v5) config classes, used for keys
-// that config.json leaves out.
-struct FamilyDefaults {
-  int vocab_size, hidden_size, intermediate_size, num_layers, num_heads;
-  std::optional<int> num_kv_heads;  // nullopt: = num_heads
-  std::optional<int> head_dim;      // nullopt: hidden_size / num_heads
-  int max_position_embeddings;
-  bool tie_word_embeddings;
-  std::optional<int> bos;
-  std::optional<int> eos;
-  std::optional<int> sliding_window;
-  std::optional<double> attn_softcap, final_softcap;
-};
-
-FamilyDefaults defaults_for(Family f) {
-  switch (f) {
-    case Family::Llama:  // LlamaConfig
-      return {32000, 4096, 11008, 32, 32, std::nullopt, std::nullopt, 2048, false, 1, 2, std::nullopt,
-              std::nullopt, std::nullopt};
-    case Family::Qwen2:  // Qwen2Config
-      return {151936, 4096, 22016, 32, 32, 32, std::nullopt, 32768, false, std::nullopt, std::nullopt, 4096,
-              std::nullopt, std::nullopt};
-    case Family::Mistral:  // MistralConfig
-      return {32000, 4096, 14336, 32, 32, 8, std::nullopt, 4096 * 32, false, 1, 2, 4096, std::nullopt,
-              std::nullopt};
-    case Family::Gemma2:  // Gemma2Config
-      return {256000, 2304, 9216, 26, 8, 4, 256, 8192, true, 2, 1, 4096, 50.0, 30.0};
-    case Family::Gemma3:  // Gemma3TextConfig
-      return {262208, 2304, 9216, 26, 8, 4, 256, 131072, true, 2, 1, 4096, std::nullopt, std::nullopt};
-    case Family::Qwen3:  // Qwen3Config
-      return {151936, 4096, 22016, 32, 32, 32, 128, 32768, false, std::nullopt, std::nullopt, 4096,
-              std::nullopt, std::nullopt};
-  }
-  return {};
-}
-
 bool is_object_with_layer_type_keys(const json& v) {
   if (!v.is_object() || v.empty()) return false;
   for (auto it = v.begin(); it != v.end(); ++it) {
@@ -227,7 +190,7 @@ RopeConfig parse_rope_dict(const Reader& r, const json& d, const std::string& wh
 // RotaryEmbeddingConfigMixin.convert_rope_params_to_dict (and Gemma 3's
 // override): the legacy spelling is top-level rope_theta + rope_scaling, the
 // v5 spelling is rope_parameters (flat, or keyed by layer type).
-void parse_rope(const Reader& r, ModelConfig& cfg) {
+void parse_rope(const Reader& r, const FamilySchema& fs, ModelConfig& cfg) {
   const json* scaling = r.find("rope_scaling");
   const json* params = r.find("rope_parameters");
   if (scaling != nullptr && scaling->is_null()) scaling = nullptr;
@@ -237,9 +200,9 @@ void parse_rope(const Reader& r, ModelConfig& cfg) {
     fail("config", "{}: {} {} is not supported (only 1.0)", r.source(), r.field("partial_rotary_factor"), *prf);
   }
 
-  if (cfg.family == Family::Gemma3) {
+  if (fs.rope_by_layer_type) {
     // Gemma3TextConfig: per layer type; rope_scaling applies to full attention;
-    // thetas default to rope_theta (1e6) and rope_local_base_freq (1e4).
+    // thetas default to rope_theta and rope_local_base_freq (1e4).
     json full = json::object({{"rope_type", "default"}});
     json sliding = json::object({{"rope_type", "default"}});
     if (params != nullptr) {
@@ -258,14 +221,14 @@ void parse_rope(const Reader& r, ModelConfig& cfg) {
     }
     const double local_theta = r.opt_num("rope_local_base_freq", std::nullopt).value_or(10000.0);
     cfg.rope = parse_rope_dict(r, full, r.field("rope_parameters") + "[\"full_attention\"]",
-                               top_theta.value_or(1000000.0), cfg.max_position_embeddings);
+                               top_theta.value_or(fs.defaults.rope_theta), cfg.max_position_embeddings);
     cfg.rope_local = parse_rope_dict(r, sliding, r.field("rope_parameters") + "[\"sliding_attention\"]",
                                      local_theta, cfg.max_position_embeddings);
     return;
   }
 
   // Other families: `rope_scaling or rope_parameters`, rope_theta as fallback.
-  const double default_theta = top_theta.value_or(10000.0);
+  const double default_theta = top_theta.value_or(fs.defaults.rope_theta);
   const json* chosen = nullptr;
   std::string where;
   if (scaling != nullptr && !(scaling->is_object() && scaling->empty())) {
@@ -361,14 +324,44 @@ std::vector<int> parse_eos(const Reader& r, std::optional<int> def) {
   return ids;
 }
 
-Family family_from_model_type(const std::string& source, const std::string& type) {
-  if (type == "llama") return Family::Llama;
-  if (type == "qwen2") return Family::Qwen2;
-  if (type == "mistral") return Family::Mistral;
-  if (type == "gemma2") return Family::Gemma2;
-  if (type == "gemma3_text" || type == "gemma3") return Family::Gemma3;
-  if (type == "qwen3") return Family::Qwen3;
-  fail("config", "{}: unknown model_type \"{}\" (supported: {})", source, type, kSupported);
+bool read_switch(const Reader& r, const Switch& s) {
+  switch (s.kind) {
+    case Switch::Kind::off: return false;
+    case Switch::Kind::on: return true;
+    case Switch::Kind::key: return r.get_bool(s.key, false);
+  }
+  return false;
+}
+
+// Per layer: the window W for sliding layers, 0 for full ones (see SlidingRule).
+void parse_windows(const Reader& r, const FamilySchema& fs, ModelConfig& cfg) {
+  const SlidingRule& rule = fs.sliding;
+  cfg.layer_window.assign(cfg.num_layers, 0);
+  // 0: no window (absent per the family default, null, or switched off).
+  int window = r.opt_int("sliding_window", fs.defaults.sliding_window).value_or(0);
+  if (window < 0) r.bad("sliding_window", "a positive integer or null", *r.find("sliding_window"));
+  if (rule.layers == SlidingRule::Layers::none) window = 0;
+  if (!rule.gate_key.empty() && !r.get_bool(rule.gate_key, false)) window = 0;
+  cfg.sliding_window = window;
+  if (window == 0) {
+    if (rule.layers == SlidingRule::Layers::layer_types) parse_layer_types(r, cfg.num_layers);  // still validated
+    return;
+  }
+  std::vector<bool> sliding(cfg.num_layers, false);
+  if (rule.layers == SlidingRule::Layers::all) {
+    sliding.assign(cfg.num_layers, true);
+  } else if (auto lt = parse_layer_types(r, cfg.num_layers)) {
+    sliding = *lt;
+  } else if (rule.fallback != SlidingRule::Fallback::none) {
+    const int n = rule.n_key.empty() ? rule.n : r.get_int(rule.n_key, rule.n);
+    if (rule.fallback == SlidingRule::Fallback::from_layer) {
+      for (int i = 0; i < cfg.num_layers; ++i) sliding[i] = i >= n;
+    } else {
+      if (n <= 0) r.bad(rule.n_key, "a positive integer", *r.find(rule.n_key));
+      for (int i = 0; i < cfg.num_layers; ++i) sliding[i] = (i + 1) % n != 0;
+    }
+  }
+  for (int i = 0; i < cfg.num_layers; ++i) cfg.layer_window[i] = sliding[i] ? window : 0;
 }
 
 float round_through(float x, DType dt) {
@@ -382,19 +375,26 @@ float round_through(float x, DType dt) {
 ModelConfig parse_root(const json& root, const std::string& source) {
   if (!root.is_object()) fail("config", "{}: expected a JSON object at the top level", source);
   auto mt = root.find("model_type");
-  if (mt == root.end()) fail("config", "{}: missing \"model_type\" (supported: {})", source, kSupported);
+  if (mt == root.end()) {
+    fail("config", "{}: missing \"model_type\" (supported: {})", source, supported_model_types());
+  }
   if (!mt->is_string()) fail("config", "{}: \"model_type\" must be a string, found {}", source, show(*mt));
 
   ModelConfig cfg;
   cfg.model_type = mt->get<std::string>();
-  cfg.family = family_from_model_type(source, cfg.model_type);
+  const FamilySchema* family = find_family(cfg.model_type);
+  if (family == nullptr) {
+    fail("config", "{}: unknown model_type \"{}\" (supported: {})", source, cfg.model_type, supported_model_types());
+  }
+  const FamilySchema& fs = *family;
+  cfg.family = fs.family;
 
-  // Gemma 3 multimodal checkpoints keep the decoder under "text_config".
+  // Multimodal wrappers (Gemma 3) keep the decoder under "text_config".
   static const json kEmpty = json::object();
   const json* text = &root;
   const json* fallback = nullptr;
   std::string prefix;
-  if (cfg.model_type == "gemma3") {
+  if (cfg.model_type == fs.multimodal_model_type) {
     auto tc = root.find("text_config");
     if (tc != root.end() && !tc->is_null()) {
       if (!tc->is_object()) fail("config", "{}: \"text_config\" must be an object, found {}", source, show(*tc));
@@ -407,9 +407,7 @@ ModelConfig parse_root(const json& root, const std::string& source) {
     cfg.nested_text_config = true;
   }
   const Reader r(source, *text, fallback, prefix);
-  const FamilyDefaults d = defaults_for(cfg.family);
-  const Family f = cfg.family;
-  const bool gemma = f == Family::Gemma2 || f == Family::Gemma3;
+  const FamilyDefaults& d = fs.defaults;
 
   cfg.vocab_size = r.positive_int("vocab_size", d.vocab_size);
   cfg.hidden_size = r.positive_int("hidden_size", d.hidden_size);
@@ -439,71 +437,26 @@ ModelConfig parse_root(const json& root, const std::string& source) {
   cfg.rms_norm_eps = static_cast<float>(eps);
   cfg.tie_word_embeddings = r.get_bool("tie_word_embeddings", d.tie_word_embeddings);
 
-  // Biases, as each family's modeling code wires them.
-  switch (f) {
-    case Family::Llama:
-      cfg.attention_bias = cfg.attention_out_bias = r.get_bool("attention_bias", false);
-      cfg.mlp_bias = r.get_bool("mlp_bias", false);
-      break;
-    case Family::Qwen2:  // q/k/v always biased, o never
-      cfg.attention_bias = true;
-      cfg.attention_out_bias = false;
-      break;
-    case Family::Mistral:
-      break;
-    case Family::Gemma2:
-    case Family::Gemma3:
-    case Family::Qwen3:
-      cfg.attention_bias = cfg.attention_out_bias = r.get_bool("attention_bias", false);
-      break;
-  }
+  cfg.attention_bias = read_switch(r, fs.qkv_bias);
+  cfg.attention_out_bias = read_switch(r, fs.o_bias);
+  cfg.mlp_bias = read_switch(r, fs.mlp_bias);
+  cfg.qk_norm = fs.qk_norm;
+  cfg.activation = parse_activation(r, fs.activation_key, std::string(fs.activation_default));
 
-  cfg.qk_norm = f == Family::Gemma3 || f == Family::Qwen3;
-  cfg.activation = gemma ? parse_activation(r, "hidden_activation", "gelu_pytorch_tanh")
-                         : parse_activation(r, "hidden_act", "silu");
+  parse_rope(r, fs, cfg);
+  parse_windows(r, fs, cfg);
 
-  parse_rope(r, cfg);
-
-  // Sliding windows per layer.
-  cfg.layer_window.assign(cfg.num_layers, 0);
-  // 0: no window (absent per the family default, null, or switched off).
-  int window = r.opt_int("sliding_window", d.sliding_window).value_or(0);
-  if (window < 0) r.bad("sliding_window", "a positive integer or null", *r.find("sliding_window"));
-  if (f == Family::Llama) window = 0;
-  if ((f == Family::Qwen2 || f == Family::Qwen3) && !r.get_bool("use_sliding_window", false)) window = 0;
-  cfg.sliding_window = window;
-  if (window > 0) {
-    std::vector<bool> sliding(cfg.num_layers, false);
-    if (f == Family::Mistral) {
-      // MistralModel ignores layer_types: every layer slides.
-      sliding.assign(cfg.num_layers, true);
-    } else if (auto lt = parse_layer_types(r, cfg.num_layers)) {
-      sliding = *lt;
-    } else if (f == Family::Qwen2 || f == Family::Qwen3) {
-      const int first = r.get_int("max_window_layers", 28);
-      for (int i = 0; i < cfg.num_layers; ++i) sliding[i] = i >= first;
-    } else if (f == Family::Gemma2) {
-      for (int i = 0; i < cfg.num_layers; ++i) sliding[i] = (i + 1) % 2 != 0;
-    } else if (f == Family::Gemma3) {
-      const int pattern = r.get_int("sliding_window_pattern", 6);
-      if (pattern <= 0) r.bad("sliding_window_pattern", "a positive integer", *r.find("sliding_window_pattern"));
-      for (int i = 0; i < cfg.num_layers; ++i) sliding[i] = (i + 1) % pattern != 0;
-    }
-    for (int i = 0; i < cfg.num_layers; ++i) cfg.layer_window[i] = sliding[i] ? window : 0;
-  } else if (f != Family::Llama && f != Family::Mistral) {
-    parse_layer_types(r, cfg.num_layers);  // still validated
-  }
-
-  // Gemma switches.
   cfg.weight_dtype = parse_dtype(r);
-  if (gemma) {
-    if (r.get_bool("use_bidirectional_attention", false)) {
-      fail("config", "{}: {} is not supported", source, r.field("use_bidirectional_attention"));
-    }
-    cfg.query_pre_attn_scalar = static_cast<float>(r.get_num("query_pre_attn_scalar", 256.0));
+  if (fs.refuses_bidirectional && r.get_bool("use_bidirectional_attention", false)) {
+    fail("config", "{}: {} is not supported", source, r.field("use_bidirectional_attention"));
+  }
+  if (fs.query_pre_attn_scalar) {
+    cfg.query_pre_attn_scalar = static_cast<float>(r.get_num("query_pre_attn_scalar", *fs.query_pre_attn_scalar));
     if (!(cfg.query_pre_attn_scalar > 0.0f)) {
       r.bad("query_pre_attn_scalar", "a positive number", *r.find("query_pre_attn_scalar"));
     }
+  }
+  if (fs.logit_softcaps) {
     cfg.attn_logit_softcap = static_cast<float>(r.opt_num("attn_logit_softcapping", d.attn_softcap).value_or(0.0));
     cfg.final_logit_softcap =
         static_cast<float>(r.opt_num("final_logit_softcapping", d.final_softcap).value_or(0.0));
@@ -511,8 +464,10 @@ ModelConfig parse_root(const json& root, const std::string& source) {
     if (cfg.final_logit_softcap < 0.0f) {
       r.bad("final_logit_softcapping", "positive or null", *r.find("final_logit_softcapping"));
     }
-    cfg.norm_weight_plus_one = true;
-    cfg.sandwich_norms = true;
+  }
+  cfg.norm_weight_plus_one = fs.norm_weight_plus_one;
+  cfg.sandwich_norms = fs.sandwich_norms;
+  if (fs.embed_scale) {
     // transformers: embeddings * tensor(hidden_size ** 0.5) cast to the weight dtype.
     cfg.embed_scale = round_through(static_cast<float>(std::sqrt(static_cast<double>(cfg.hidden_size))),
                                     cfg.weight_dtype);
@@ -535,18 +490,6 @@ ModelConfig parse_root(const json& root, const std::string& source) {
 }
 
 }  // namespace
-
-std::string_view family_name(Family f) {
-  switch (f) {
-    case Family::Llama: return "llama";
-    case Family::Qwen2: return "qwen2";
-    case Family::Mistral: return "mistral";
-    case Family::Gemma2: return "gemma2";
-    case Family::Gemma3: return "gemma3";
-    case Family::Qwen3: return "qwen3";
-  }
-  return "?";
-}
 
 // Float32 step by step, in torch's order of operations:
 //   inv = 1 / (base ** (arange(0, dim, 2).float() / dim))      (1/x is reciprocal)

@@ -1,13 +1,13 @@
 // Synthetic checkpoints: the published configs of a few models with random
-// weights made on the device, for benchmarks without files.
+// weights made on the device, for benchmarks without files. The tensors are
+// the family schema's (family.h), as the loader reads them.
 #include <cmath>
 #include <map>
-
-#include <fmt/format.h>
 
 #include "kvgraph/error.h"
 #include "kvgraph/model.h"
 #include "kvgraph/ops.h"
+#include "models/family.h"
 
 namespace kvgraph {
 
@@ -67,49 +67,27 @@ std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, 
   const ModelConfig& c = m->cfg_;
   Stream s(device);
   uint64_t next = seed;
-  auto mat = [&](int64_t rows, int64_t cols) {
-    Tensor t = Tensor::empty({rows, cols}, m->matrix_dtype_, device);
-    ops::fill_random(s, t, next++ * 0x9E3779B97F4A7C15ull, 1.0f / std::sqrt(static_cast<float>(cols)));
-    m->weight_bytes_ += t.nbytes();
-    return t;
-  };
-  auto bias = [&](int64_t n) {  // stored like the matrices, as the loader does
-    Tensor t = Tensor::empty({n}, m->matrix_dtype_, device);
-    ops::fill_random(s, t, next++ * 0x9E3779B97F4A7C15ull, 0.01f);
-    m->weight_bytes_ += t.nbytes();
-    return t;
-  };
-  auto vec = [&](int64_t n, float value) {
-    std::vector<float> h(n, value);
-    Tensor t = Tensor::from_host(h.data(), {n}, DType::F32, device);
-    m->weight_bytes_ += t.nbytes();
-    return t;
-  };
-  const int64_t D = c.hidden_size, F = c.intermediate_size, V = c.vocab_size, hd = c.head_dim;
-  const int64_t QD = int64_t(c.num_heads) * hd, KD = int64_t(c.num_kv_heads) * hd;
+  // Each listed tensor filled instead of read: random rows need no
+  // reordering, so a fused tensor is filled whole.
   const float norm_one = c.norm_weight_plus_one ? 0.0f : 1.0f;
-  m->embed_ = mat(V, D);
-  m->final_norm_ = vec(D, norm_one);
-  m->lm_head_ = c.tie_word_embeddings ? m->embed_ : mat(V, D);
-  for (int l = 0; l < c.num_layers; ++l) {
-    LayerWeights L;
-    L.qkv_proj = mat(QD + 2 * KD, D);
-    if (c.attention_bias) L.qkv_bias = bias(QD + 2 * KD);
-    L.o_proj = mat(D, QD);
-    if (c.qk_norm) {
-      L.q_norm = vec(hd, norm_one);
-      L.k_norm = vec(hd, norm_one);
+  Weights w = build_weights(c, CheckpointNames{}, [&](const TensorPlan& plan) {
+    const std::vector<int64_t> shape = plan.shape();
+    Tensor t;
+    if (plan.role == Role::norm) {
+      std::vector<float> h(size_t(shape[0]), norm_one);
+      t = Tensor::from_host(h.data(), shape, DType::F32, device);
+    } else {
+      const float scale = plan.role == Role::matrix ? 1.0f / std::sqrt(static_cast<float>(shape.back())) : 0.01f;
+      t = Tensor::empty(shape, m->matrix_dtype_, device);
+      ops::fill_random(s, t, next++ * 0x9E3779B97F4A7C15ull, scale);
     }
-    L.input_norm = vec(D, norm_one);
-    L.post_attention_norm = vec(D, norm_one);
-    if (c.sandwich_norms) {
-      L.pre_feedforward_norm = vec(D, norm_one);
-      L.post_feedforward_norm = vec(D, norm_one);
-    }
-    L.gate_up_proj = mat(2 * F, D);  // random rows: interleaving needs no reordering
-    L.down_proj = mat(D, F);
-    m->layers_.push_back(std::move(L));
-  }
+    m->weight_bytes_ += t.nbytes();
+    return t;
+  });
+  m->embed_ = std::move(w.embed);
+  m->final_norm_ = std::move(w.final_norm);
+  m->lm_head_ = std::move(w.lm_head);
+  m->layers_ = std::move(w.layers);
   s.synchronize();
   m->upload_rope();
   return m;
