@@ -3,7 +3,7 @@
 # `cmake --build --preset cuda` here and carrying build/cuda/kvgraph and
 # build/cuda/kvgraph_gpu_tests): GPU tests, memcheck, decode bench, and a
 # per-kernel profile of one eager decode step. Logs go to $OUT (or /tmp).
-#   bench/gpu_check.sh [tests] [memcheck] [bench] [peer] [profile:MODEL] [env:K=V+K=V] ...
+#   bench/gpu_check.sh [tests] [memcheck] [bench] [peer] [profile:MODEL] [tune:K=V,K=V] ...
 set -uo pipefail
 OUT=${OUT:-/tmp}
 mkdir -p /work; [ -e /work/main ] || ln -s "$PWD" /work/main  # tests use the compiled-in source dir
@@ -22,16 +22,10 @@ for step in "$@"; do
       echo "peer rc $?"; grep -v '^{' "$OUT/peer.txt" | tail -12 ;;
     bench)
       build/cuda/kvgraph bench --device cuda --models "$MODELS" 2>&1 | tail -7 ;;
-    attn:*)  # the decode shapes with KVGRAPH_ATTN set (legacy: the T > 1 kernel decodes too)
-      KVGRAPH_ATTN=${step#attn:} build/cuda/kvgraph bench --device cuda --quiet \
-        --models synthetic:qwen2.5-0.5b,synthetic:llama3.2-1b 2>&1 | tail -2 | sed "s/^/attn=${step#attn:} /" ;;
-    env:*)  # the small decode shapes with environment switches set, e.g. env:KVGRAPH_ATTN_CHUNK=64+KVGRAPH_ATTN_HEADS=2
-      spec=${step#env:}
-      env ${spec//+/ } build/cuda/kvgraph bench --device cuda --quiet \
-        --models "${ENV_MODELS:-synthetic:qwen2.5-0.5b,synthetic:llama3.2-1b,synthetic:gemma3-1b}" 2>&1 | grep "^synthetic" | sed "s/^/$spec /" ;;
-    gemv:*)  # the three decode shapes under one GEMV launch shape (KVGRAPH_GEMV)
-      KVGRAPH_GEMV=${step#gemv:} build/cuda/kvgraph bench --device cuda --quiet \
-        --models synthetic:qwen2.5-0.5b,synthetic:llama3.2-1b,synthetic:llama3.1-8b 2>&1 | tail -3 | sed "s/^/${step#gemv:} /" ;;
+    tune:*)  # the decode shapes under kernel tuning, e.g. tune:attn-chunk=64,attn-heads=2 or tune:gemv=warp4
+      spec=${step#tune:}
+      build/cuda/kvgraph bench --device cuda --quiet --tune "$spec" \
+        --models "${TUNE_MODELS:-synthetic:qwen2.5-0.5b,synthetic:llama3.2-1b,synthetic:gemma3-1b}" 2>&1 | grep "^synthetic" | sed "s/^/$spec /" ;;
     profile:*)
       m=${step#profile:}
       python3 bench/profile_step.py "synthetic:$m" --raw "$OUT/prof_$m.csv" > "$OUT/prof_$m.txt" 2>&1

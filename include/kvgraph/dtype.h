@@ -103,4 +103,29 @@ KV_HD uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | res);
 }
 
+#ifndef __CUDACC__
+// n values of `dt` at `src` (any alignment) widened to f32: the one
+// bytes-to-f32 conversion, used by tensors and checkpoint loading. Every
+// DType converts (integers exactly up to 2^24).
+inline void widen_to_f32(const void* src, DType dt, size_t n, float* out) {
+  const unsigned char* p = static_cast<const unsigned char*>(src);
+  auto each = [&](auto tag, auto convert) {
+    using T = decltype(tag);
+    for (size_t i = 0; i < n; ++i) {
+      T v;
+      memcpy(&v, p + sizeof(T) * i, sizeof(T));
+      out[i] = convert(v);
+    }
+  };
+  switch (dt) {
+    case DType::F32: if (n) memcpy(out, p, n * 4); return;
+    case DType::BF16: return each(uint16_t{}, bf16_to_f32);
+    case DType::F16: return each(uint16_t{}, f16_to_f32);
+    case DType::I32: return each(int32_t{}, [](int32_t v) { return static_cast<float>(v); });
+    case DType::I64: return each(int64_t{}, [](int64_t v) { return static_cast<float>(v); });
+    case DType::U8: return each(uint8_t{}, [](uint8_t v) { return static_cast<float>(v); });
+  }
+}
+#endif
+
 }  // namespace kvgraph

@@ -79,7 +79,7 @@ class Tensor {
   // Host copies (synchronous); work for either device.
   void copy_to_host(void* dst) const;
   void copy_from_host(const void* src);
-  std::vector<float> to_f32_vector() const;  // converts bf16/f16/f32
+  std::vector<float> to_f32_vector() const;  // widens any dtype (widen_to_f32)
   std::string shape_str() const;
 
  private:

@@ -22,7 +22,11 @@ struct Tuning {
   // Programmatic dependent launch on every CUDA kernel.
   bool programmatic_launch = true;
 
-  bool operator==(const Tuning&) const = default;
+  // Spelled out: the CUDA sources, which include this, are C++17.
+  bool operator==(const Tuning& o) const {
+    return gemv == o.gemv && legacy_decode_attention == o.legacy_decode_attention && attn_heads == o.attn_heads &&
+           attn_chunk == o.attn_chunk && programmatic_launch == o.programmatic_launch;
+  }
 
   // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on": every
   // field, in the form parse() reads.

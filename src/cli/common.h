@@ -26,8 +26,10 @@ struct ModelFlags {
   std::string cpu_weights = "auto";  // auto | f32 | bf16 (Model::CpuWeights)
   bool eager = false;
   bool quiet = false;
+  std::string tune;         // Tuning::parse spec; empty: the defaults
   void add(CLI::App& app);
   DType kv_storage(Device d) const;
+  Tuning tuning() const { return Tuning::parse(tune); }
 };
 
 std::filesystem::path default_model_dir();

@@ -394,44 +394,7 @@ void to_f32(const WeightView& view, float* out) {
     fail("weights", "tensor \"{}\": {} bytes do not match shape {} of {}", view.name, view.nbytes,
          shape_string(view.shape), dtype_name(view.dtype));
   }
-  const std::byte* p = view.data;
-  switch (view.dtype) {
-    case DType::F32:
-      if (n > 0) std::memcpy(out, p, n * 4);
-      return;
-    case DType::BF16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[i] = bf16_to_f32(h);
-      }
-      return;
-    case DType::F16:
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, p + 2 * i, 2);
-        out[i] = f16_to_f32(h);
-      }
-      return;
-    case DType::I32:
-      for (size_t i = 0; i < n; ++i) {
-        int32_t x;
-        std::memcpy(&x, p + 4 * i, 4);
-        out[i] = static_cast<float>(x);
-      }
-      return;
-    case DType::I64:
-      for (size_t i = 0; i < n; ++i) {
-        int64_t x;
-        std::memcpy(&x, p + 8 * i, 8);
-        out[i] = static_cast<float>(x);
-      }
-      return;
-    case DType::U8:
-      for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<uint8_t>(p[i]));
-      return;
-  }
-  fail("weights", "tensor \"{}\": cannot convert dtype {} to f32", view.name, dtype_name(view.dtype));
+  widen_to_f32(view.data, view.dtype, n, out);
 }
 
 std::vector<float> to_f32(const WeightView& view) {

@@ -6,9 +6,12 @@
 // struct; nothing is re-packed on the way.
 #include <cstdint>
 
-#include "kvgraph/cache/plan.h"
 #include "kvgraph/cache/slots.h"
 #include "kvgraph/dtype.h"
+
+namespace kvgraph {
+struct StepPlan;  // kvgraph/cache/plan.h (C++20; the .cu files are C++17)
+}  // namespace kvgraph
 
 namespace kvgraph::ops {
 

@@ -140,15 +140,7 @@ std::vector<float> Tensor::to_f32_vector() const {
   std::vector<std::byte> bytes(nbytes());
   copy_to_host(bytes.data());
   std::vector<float> out(numel());
-  for (int64_t i = 0; i < numel(); ++i) {
-    switch (dtype_) {
-      case DType::F32: std::memcpy(&out[i], bytes.data() + 4 * i, 4); break;
-      case DType::BF16: { uint16_t h; std::memcpy(&h, bytes.data() + 2 * i, 2); out[i] = bf16_to_f32(h); break; }
-      case DType::F16: { uint16_t h; std::memcpy(&h, bytes.data() + 2 * i, 2); out[i] = f16_to_f32(h); break; }
-      case DType::I32: { int32_t v; std::memcpy(&v, bytes.data() + 4 * i, 4); out[i] = static_cast<float>(v); break; }
-      default: fail("tensor", "to_f32_vector: unsupported dtype {}", dtype_name(dtype_));
-    }
-  }
+  widen_to_f32(bytes.data(), dtype_, out.size(), out.data());
   return out;
 }
 

@@ -40,6 +40,7 @@ struct Case {
   int min_chunk = 4;
   bool fused_qkv = false;  // q, k, v as strided views of one [T, (Hq + 2 Hkv) * D] buffer
   bool prologue = false;   // q/k RMSNorm (Gemma's 1 + w) and RoPE inside the kernel
+  bool pdl = true;         // programmatic dependent launch
 };
 
 // The prologue on the host, in f32 as the CPU backend does it: per-head
@@ -183,8 +184,8 @@ class Runner {
       p.norm_plus_one = true;
       p.rope_inv_freq = d_freq_.as<float>();
     }
-    update_and_attend(p, ws_, stream_.get());
-    advance_position(pos_.as<int32_t>(), T, stream_.get());
+    update_and_attend(p, ws_, Launch(stream_.get(), c_.pdl));
+    advance_position(pos_.as<int32_t>(), T, Launch(stream_.get(), c_.pdl));
     out_ = to_host<float>(dout, size_t(T) * Hq * D);
 
     if (c_.prologue) {  // the reference sees q and k after the prologue
@@ -418,8 +419,8 @@ TEST(CudaAttention, LongRingContextWrapsWithManySplits) {
 TEST(CudaAttention, ResultsAreBitwiseReproducibleWithAndWithoutPdl) {
   SKIP_WITHOUT_GPU();
   auto run = [](bool pdl) {
-    set_programmatic_launch(pdl);
     Case c;
+    c.pdl = pdl;
     c.D = 128;
     c.Hq = 14;
     c.Hkv = 2;
@@ -435,7 +436,6 @@ TEST(CudaAttention, ResultsAreBitwiseReproducibleWithAndWithoutPdl) {
     return all;
   };
   const auto a = run(true), b = run(false), c = run(true);
-  set_programmatic_launch(true);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4));
   EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * 4));

@@ -186,15 +186,15 @@ TEST_F(CudaElementwise, RopeRotatesQAndKHeadsOfAFusedRowOnly) {
     for (int i = (Hq + Hkv) * hd; i < row; ++i) ASSERT_EQ(got[size_t(t) * row + i], x[size_t(t) * row + i]);
 }
 
-float ref_act(float g, Act act) {
-  if (act == Act::silu) return float(g / (1.0 + std::exp(-double(g))));
+float ref_act(float g, Activation act) {
+  if (act == Activation::SiLU) return float(g / (1.0 + std::exp(-double(g))));
   const double k = 0.7978845608028654;
   return float(0.5 * g * (1.0 + std::tanh(k * (g + 0.044715 * double(g) * g * g))));
 }
 
 TEST_F(CudaElementwise, ActMulSeparateAndFusedLayouts) {
   const int T = 3, F = 1000;
-  for (Act act : {Act::silu, Act::gelu_tanh}) {
+  for (Activation act : {Activation::SiLU, Activation::GeluTanh}) {
     auto g = randn(size_t(T) * F, 11, 3.f), u = randn(size_t(T) * F, 12);
     std::vector<float> want(size_t(T) * F), gu(size_t(T) * 2 * F);
     for (int t = 0; t < T; ++t)

@@ -40,6 +40,15 @@ struct Weights {
 };
 
 enum class Epi { none, bias, residual, residual_in_place, bias_and_residual, silu, gelu };
+enum class Gate { none, silu, gelu_tanh };
+
+// The T == 1 launch shape check_linear / check_norm_linear ask for.
+GemvShape g_shape = GemvShape::automatic;
+
+void set_gate(LinearParams& p, Gate gate) {
+  p.gated = gate != Gate::none;
+  p.act = gate == Gate::gelu_tanh ? Activation::GeluTanh : Activation::SiLU;
+}
 
 float ref_act(float g, Gate gate) {
   if (gate == Gate::silu) return float(g / (1.0 + std::exp(-double(g))));
@@ -91,7 +100,8 @@ void check_linear(int T, int N, int K, DType dt, Epi epi, GemmContext* gemm, dou
   p.T = T;
   p.N = N;
   p.K = K;
-  p.gate = gate;
+  set_gate(p, gate);
+  p.shape = g_shape;
   linear(p, gemm, nullptr);
   auto got = to_host<float>(epi == Epi::residual_in_place ? dres : out, n_out);
 
@@ -213,7 +223,8 @@ void check_norm_linear(int T, int N, int K, DType dt, Epi epi, bool plus_one, Ge
   p.T = T;
   p.N = N;
   p.K = K;
-  p.gate = gate;
+  set_gate(p, gate);
+  p.shape = g_shape;
   p.norm = dnorm.as<float>() + norm_offset;
   p.norm_eps = eps;
   p.norm_plus_one = plus_one;
@@ -250,7 +261,7 @@ TEST_F(CudaLinear, GemvNormPrologueMatchesCpu) {
 // epilogue, with and without the norm prologue.
 TEST_F(CudaLinear, EveryGemvLaunchShapeMatchesCpu) {
   for (GemvShape shape : {GemvShape::block2, GemvShape::warp2, GemvShape::warp4}) {
-    set_gemv_shape(shape);
+    g_shape = shape;
     for (DType dt : {DType::F32, DType::BF16}) {
       for (int N : {33, 46, 130}) check_linear(1, N, 896, dt, Epi::none, nullptr, 1e-4);
       for (Epi e : {Epi::bias, Epi::residual_in_place, Epi::bias_and_residual, Epi::silu, Epi::gelu}) {
@@ -260,7 +271,7 @@ TEST_F(CudaLinear, EveryGemvLaunchShapeMatchesCpu) {
       }
     }
   }
-  set_gemv_shape(GemvShape::automatic);
+  g_shape = GemvShape::automatic;
 }
 
 TEST_F(CudaLinear, PrefillNormPrologueMatchesCpu) {
@@ -404,8 +415,8 @@ TEST_F(CudaLinear, GemvBandwidthReport) {
     for (bool norm : {false, true}) {
       line += norm ? " | norm" : "";
       for (const auto& [variant, vname] : variants) {
-        set_gemv_shape(variant);
         LinearParams p;
+        p.shape = variant;
         p.x = x.as<float>();
         p.w = w.data();
         p.w_dtype = DType::BF16;
@@ -431,7 +442,6 @@ TEST_F(CudaLinear, GemvBandwidthReport) {
         line += buf;
       }
     }
-    set_gemv_shape(GemvShape::automatic);
     std::printf("[gemv bf16] %-28s %5.1f%% of %.0f GB/s (auto) | us:%s\n", sh.name, 100.0 * auto_gbs / read_gbs,
                 read_gbs, line.c_str());
     if (w.bytes() >= (64u << 20)) EXPECT_GT(auto_gbs, 0.5 * read_gbs) << sh.name;

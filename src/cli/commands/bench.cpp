@@ -43,6 +43,7 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   so.capacity = f.prompt + f.new_tokens + 1;
   so.max_write = mf.chunk;
   so.eager = mf.eager;
+  so.tuning = mf.tuning();
   so.kv_storage = mf.kv_storage(model->device());
   Session s(model, so);
   s.sampling().temperature = 0.0f;
@@ -106,6 +107,7 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   j["decode_ms_queued"] = queued_ms;
   j["fraction_of_floor_queued"] = floor_ms / queued_ms;
   j["captures"] = s.captures();
+  j["tuning"] = so.tuning.describe();
   j["load_s"] = load_s;
   return j;
 }
@@ -115,9 +117,11 @@ void run_bench(const BenchFlags& f) {
   if (models.empty()) models.push_back(f.m.model);
   const double bw = ops::measure_copy_bandwidth_gbs(parse_device(f.m.device));
   std::vector<nlohmann::json> rows;
-  if (!f.json)
+  if (!f.json) {
+    fmt::print("tuning: {}\n", f.m.tuning().describe());
     fmt::print("{:<28} {:>7} {:>10} {:>12} {:>10} {:>10} {:>10} {:>8} {:>10} {:>9}\n", "model", "device", "prefill",
                "decode ms", "p99 ms", "floor ms", "of floor", "GB/s", "queued ms", "of floor");
+  }
   for (const auto& name : models) {
     auto j = bench_one(f, name, bw);
     if (f.json) {

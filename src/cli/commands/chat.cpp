@@ -53,6 +53,7 @@ void run_chat(const ChatFlags& f) {
   so.capacity = f.m.capacity > 0 ? f.m.capacity : std::min(4096, std::max(256, model->config().max_position_embeddings));
   so.max_write = f.m.chunk;
   so.eager = f.m.eager;
+  so.tuning = f.m.tuning();
   so.kv_storage = f.m.kv_storage(model->device());
   Session s(model, so);
   s.sampling() = ops::SamplingParams{f.temperature, f.top_k, f.top_p, f.repeat_penalty, f.seed};

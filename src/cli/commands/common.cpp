@@ -24,6 +24,9 @@ void ModelFlags::add(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "f32", "bf16"}))
       ->capture_default_str();
   app.add_flag("--eager", eager, "Decode without recording the step (debugging, parity)");
+  app.add_option("--tune", tune,
+                 "CUDA kernel choices for experiments, e.g. gemv=warp4,attn-heads=2 (keys: gemv auto|block2|warp2|warp4, "
+                 "attn fast|legacy, attn-heads, attn-chunk, pdl on|off)");
   app.add_flag("-q,--quiet", quiet, "No progress or timings on stderr");
 }
 

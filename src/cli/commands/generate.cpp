@@ -47,6 +47,7 @@ void run_generate(const GenerateFlags& f) {
   so.capacity = f.m.capacity > 0 ? f.m.capacity : static_cast<int32_t>(prompt.size()) + f.max_tokens;
   so.max_write = f.m.chunk;
   so.eager = f.m.eager;
+  so.tuning = f.m.tuning();
   so.kv_storage = f.m.kv_storage(model->device());
   if (static_cast<int64_t>(prompt.size()) > so.capacity)
     fail("generate", "prompt of {} tokens is longer than the cache capacity {} (raise --capacity)", prompt.size(),

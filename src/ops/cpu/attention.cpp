@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "kvgraph/cache/plan.h"
 #include "ops/cpu/kernels.h"
 
 namespace kvgraph::cpu {

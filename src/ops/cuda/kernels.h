@@ -34,7 +34,7 @@ namespace kvgraph::cuda {
 // default stream always gets plain launches). Converts both ways with
 // cudaStream_t, so a bare stream means "PDL on".
 struct Launch {
-  Launch stream = nullptr;
+  cudaStream_t stream = nullptr;
   bool pdl = true;
   Launch(cudaStream_t s = nullptr, bool programmatic = true) : stream(s), pdl(programmatic) {}
   operator cudaStream_t() const { return stream; }
