@@ -7,18 +7,27 @@
 //   int32_t t = s.sample();            // first new token from the prompt's logits
 //   while (...) t = s.decode();        // feeds t, replays the recorded step
 //
+// or, with end-of-sequence and stop-string handling done for you:
+//
+//   auto r = s.generate(prompt_ids, &tokenizer, {.max_tokens = 64, .stop = {"\n\n"}},
+//                       [](int32_t id, std::string_view text) { fputs(...); });
+//
 // Compiled (default): the T=1 step (forward, advance position, sample) is
 // recorded once and replayed for every token; the position and the token id
 // live in device memory and are advanced inside the step. Eager runs the same
 // ops unrecorded, and gives bitwise-identical logits and tokens.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "kvgraph/cache/sequence_cache.h"
 #include "kvgraph/model.h"
 #include "kvgraph/ops.h"
+#include "kvgraph/tokenizer.h"
 
 namespace kvgraph {
 
@@ -30,6 +39,46 @@ struct SessionOptions {
   bool all_logits = false;   // keep logits of every prefill position (scoring)
   Tuning tuning;             // kernel launch choices (CUDA); results agree up to rounding
 };
+
+// What one generate() call may do.
+struct GenerateOptions {
+  int32_t max_tokens = 64;        // most new tokens (>= 1)
+  std::vector<std::string> stop;  // end once the text contains one; the text ends before it (needs a tokenizer)
+  bool ignore_eos = false;        // ban the end tokens from sampling instead of ending on them
+  std::vector<int32_t> extra_eos; // more end tokens, e.g. a chat format's end-of-turn token
+  bool skip_special_tokens = true;  // in the text
+};
+
+// Why generate() returned.
+enum class FinishReason {
+  eos,         // sampled an end token (not part of `tokens`)
+  stop,        // the text reached a stop string
+  max_tokens,  // generated max_tokens tokens
+  length,      // the cache is full: one more token would not fit
+};
+const char* finish_reason_name(FinishReason r);  // "eos", "stop", "max_tokens", "length"
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated ids, end token excluded (a stop string's tokens included)
+  std::string text;             // their text, cut before a stop string; empty without a tokenizer
+  FinishReason finish = FinishReason::max_tokens;
+  // The last sampled token, which is not in the cache yet (the end token on
+  // `eos`): prefill it first to continue the same sequence.
+  int32_t last = -1;
+  double prefill_seconds = 0;   // prefill and the first sample
+  double decode_seconds = 0;    // everything after
+};
+
+// Called after each generated token with its id and the text that became
+// final with it: often "" (bytes of a split character, or text that may be
+// the start of a stop string, are held back). Held text is delivered once
+// more at the end with id -1. The pieces concatenate to GenerateResult::text.
+using TokenFn = std::function<void(int32_t id, std::string_view text)>;
+
+// The cache capacity a request needs: prompt + max_tokens positions, capped
+// at the model's max_position_embeddings (when the config states one) and
+// at INT32_MAX. Counted in 64 bits, so huge requests cannot wrap.
+int32_t request_capacity(const ModelConfig& config, int64_t prompt_tokens, int64_t max_tokens);
 
 class Session {
  public:
@@ -53,6 +102,15 @@ class Session {
   // token before the next step is queued (benchmarks, fixed-length runs);
   // it does not stop at EOS. Checks that all n fit before anything runs.
   std::vector<int32_t> decode_many(int n);
+
+  // Prefills `prompt` (after whatever the cache holds), then samples with
+  // sampling() until an end token, a stop string, max_tokens or a full cache
+  // (see FinishReason). The end tokens are the model config's, the
+  // tokenizer's eos and options.extra_eos; with ignore_eos they are banned
+  // (set_banned_tokens) and never sampled. `tokenizer` may be null: ids only,
+  // no text, and no stop strings. A full cache is a finish, not an error.
+  GenerateResult generate(std::span<const int32_t> prompt, const Tokenizer* tokenizer,
+                          const GenerateOptions& options, const TokenFn& on_token = {});
 
   void reset();
   void trim(int32_t n);  // keep the first n tokens (see SequenceCache::trim)
@@ -83,6 +141,7 @@ class Session {
   Tensor ids_, pos_;
   Tensor banned_;  // i32 [64]
   int n_banned_ = 0;
+  std::vector<int32_t> banned_ids_;  // host copy of banned_[0, n_banned_)
   Tensor seen_;    // u8 [V]
   ops::SamplingParams sampling_;
   Tensor sampling_config_;  // u8 [sizeof(SamplingParams)]: sampling_ as the ops read it

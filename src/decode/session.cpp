@@ -1,10 +1,29 @@
 #include "kvgraph/session.h"
 
 #include <algorithm>
+#include <chrono>
+#include <climits>
+#include <optional>
 
 #include "kvgraph/error.h"
 
 namespace kvgraph {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::eos: return "eos";
+    case FinishReason::stop: return "stop";
+    case FinishReason::max_tokens: return "max_tokens";
+    case FinishReason::length: return "length";
+  }
+  return "?";
+}
+
+int32_t request_capacity(const ModelConfig& config, int64_t prompt_tokens, int64_t max_tokens) {
+  int64_t n = std::max<int64_t>(prompt_tokens, 0) + std::max<int64_t>(max_tokens, 0);
+  if (config.max_position_embeddings > 0) n = std::min<int64_t>(n, config.max_position_embeddings);
+  return static_cast<int32_t>(std::clamp<int64_t>(n, 1, INT32_MAX));
+}
 
 Session::Session(std::shared_ptr<const Model> model, SessionOptions options)
     : model_(std::move(model)),
@@ -35,6 +54,8 @@ void Session::upload_sampling() {
 
 void Session::set_banned_tokens(const std::vector<int32_t>& ids) {
   if (ids.size() > 64) fail("session", "at most 64 banned tokens, got {}", ids.size());
+  if (ids == banned_ids_) return;  // keep the recording: generate() sets the same list every call
+  banned_ids_ = ids;
   std::vector<int32_t> buf(64, -1);
   std::copy(ids.begin(), ids.end(), buf.begin());
   banned_.copy_from_host(buf.data());
@@ -147,6 +168,103 @@ std::vector<int32_t> Session::decode_many(int n) {
   std::vector<int32_t> tokens = stream_.collect_i32(n);
   for (int i = 0; i < n; ++i) cache_.commit(decode_step_);
   return tokens;
+}
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Bytes at the end of `text` that may be the start of a stop string: they are
+// held back from the stream until the next token settles it.
+size_t stop_prefix_at_end(std::string_view text, const std::vector<std::string>& stops) {
+  size_t held = 0;
+  for (const auto& st : stops)
+    for (size_t k = std::min(st.size() - 1, text.size()); k > held; --k)
+      if (text.substr(text.size() - k) == std::string_view(st).substr(0, k)) {
+        held = k;
+        break;
+      }
+  return held;
+}
+
+}  // namespace
+
+GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenizer* tokenizer,
+                                 const GenerateOptions& options, const TokenFn& on_token) {
+  if (options.max_tokens < 1) fail("session", "generate: max_tokens must be at least 1, got {}", options.max_tokens);
+  std::vector<std::string> stops;
+  size_t longest_stop = 0;
+  for (const auto& st : options.stop)
+    if (!st.empty()) {
+      stops.push_back(st);
+      longest_stop = std::max(longest_stop, st.size());
+    }
+  if (!stops.empty() && !tokenizer) fail("session", "generate: stop strings need a tokenizer");
+
+  std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
+  if (tokenizer && tokenizer->eos_id()) eos.push_back(*tokenizer->eos_id());
+  eos.insert(eos.end(), options.extra_eos.begin(), options.extra_eos.end());
+  std::sort(eos.begin(), eos.end());
+  eos.erase(std::unique(eos.begin(), eos.end()), eos.end());
+  if (options.ignore_eos) set_banned_tokens(eos);
+  const bool end_on_eos = !options.ignore_eos;
+
+  GenerateResult r;
+  auto t0 = std::chrono::steady_clock::now();
+  prefill(prompt);
+  int32_t t = sample();
+  r.prefill_seconds = seconds_since(t0);
+  auto t1 = std::chrono::steady_clock::now();
+
+  std::optional<StreamDecoder> sd;
+  if (tokenizer) sd.emplace(*tokenizer, options.skip_special_tokens);
+  size_t emitted = 0;  // bytes of r.text already given to on_token
+  while (true) {
+    r.last = t;
+    if (end_on_eos && std::binary_search(eos.begin(), eos.end(), t)) {
+      r.finish = FinishReason::eos;
+      break;
+    }
+    r.tokens.push_back(t);
+    bool stopped = false;
+    if (sd) {
+      const size_t before = r.text.size();
+      r.text += sd->step(t);
+      // Earlier tokens found no stop string, so a match ends in the new text.
+      const size_t from = before >= longest_stop ? before - longest_stop + 1 : 0;
+      size_t cut = std::string::npos;
+      for (const auto& st : stops) cut = std::min(cut, r.text.find(st, from));
+      if (cut != std::string::npos) {
+        r.text.resize(cut);
+        stopped = true;
+      }
+    }
+    if (on_token) {
+      const size_t ready = stopped ? r.text.size() : r.text.size() - stop_prefix_at_end(r.text, stops);
+      on_token(t, std::string_view(r.text).substr(emitted, ready - emitted));
+      emitted = ready;
+    }
+    if (stopped) {
+      r.finish = FinishReason::stop;
+      break;
+    }
+    if (static_cast<int64_t>(r.tokens.size()) >= options.max_tokens) {
+      r.finish = FinishReason::max_tokens;
+      break;
+    }
+    try {
+      t = decode();
+    } catch (const CacheFull&) {  // raised before anything was written: the cache limit is a stop
+      r.finish = FinishReason::length;
+      break;
+    }
+  }
+  if (sd && r.finish != FinishReason::stop) r.text += sd->flush();
+  if (on_token && emitted < r.text.size()) on_token(-1, std::string_view(r.text).substr(emitted));
+  r.decode_seconds = seconds_since(t1);
+  return r;
 }
 
 std::vector<float> Session::last_logits() const {

@@ -57,15 +57,15 @@ void run_chat(const ChatFlags& f) {
   so.kv_storage = f.m.kv_storage(model->device());
   Session s(model, so);
   s.sampling() = ops::SamplingParams{f.temperature, f.top_k, f.top_p, f.repeat_penalty, f.seed};
-  std::vector<int32_t> stops = model->config().eos_token_ids;
-  if (tok.eos_id()) stops.push_back(*tok.eos_id());
+  GenerateOptions go;
+  go.max_tokens = f.max_tokens;
   if (!fmt_.end_of_turn.empty())
-    if (auto id = tok.token_to_id(fmt_.end_of_turn)) stops.push_back(*id);
+    if (auto id = tok.token_to_id(fmt_.end_of_turn)) go.extra_eos.push_back(*id);
 
   fmt::print(stderr, "[kvgraph] chat ({} format, cache {} tokens). Empty line or Ctrl-D ends.\n", fmt_.name,
              s.capacity());
   bool first = true;
-  std::optional<int32_t> pending;  // last sampled (stop) token, not yet in the cache
+  int32_t pending = -1;  // last sampled token, not yet in the cache; -1: none
   std::string line;
   while (true) {
     fmt::print("> ");
@@ -75,38 +75,28 @@ void run_chat(const ChatFlags& f) {
     if (first && !f.system.empty()) turn += fmt_.system_prefix + f.system + fmt_.system_suffix;
     turn += fmt_.user_prefix + line + fmt_.user_suffix;
     std::vector<int32_t> ids;
-    if (pending) ids.push_back(*pending);
+    if (pending >= 0) ids.push_back(pending);
     auto enc = tok.encode(turn, first);
     ids.insert(ids.end(), enc.begin(), enc.end());
     if (s.position() + static_cast<int64_t>(ids.size()) + 1 > s.capacity()) {
       fmt::print(stderr, "[kvgraph] the conversation fills the cache ({} tokens); starting over\n", s.capacity());
       s.reset();
       first = true;
-      pending.reset();
+      pending = -1;
       continue;
     }
     first = false;
     auto t0 = std::chrono::steady_clock::now();
-    s.prefill(ids);
-    int32_t t = s.sample();
-    StreamDecoder sd(tok, true);
-    int n = 0;
-    while (std::find(stops.begin(), stops.end(), t) == stops.end() && n < f.max_tokens &&
-           s.position() + 1 < s.capacity()) {
-      std::string piece = sd.step(t);
-      fwrite(piece.data(), 1, piece.size(), stdout);
+    GenerateResult r = s.generate(ids, &tok, go, [](int32_t, std::string_view text) {
+      fwrite(text.data(), 1, text.size(), stdout);
       fflush(stdout);
-      t = s.decode();
-      ++n;
-    }
-    std::string rest = sd.flush();
-    fwrite(rest.data(), 1, rest.size(), stdout);
+    });
     fmt::print("\n");
     fflush(stdout);
     if (!f.m.quiet)
       fmt::print(stderr, "[kvgraph] turn: prefilled {} new tokens, generated {}, cache {}/{} ({:.2f} s)\n", ids.size(),
-                 n, s.position(), s.capacity(), seconds_since(t0));
-    pending = t;
+                 r.tokens.size(), s.position(), s.capacity(), seconds_since(t0));
+    pending = r.last;  // the stop token (or the last one shown), not yet in the cache
   }
 }
 

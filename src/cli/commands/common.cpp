@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -39,18 +40,19 @@ DType ModelFlags::kv_storage(Device d) const {
 }
 
 std::filesystem::path default_model_dir() {
-  // Next to the source tree the binary was built from, or ../../models from
-  // build/<preset>/kvgraph.
-  std::filesystem::path src = std::filesystem::path(KVGRAPH_SOURCE_DIR) / "models" / "default";
-  if (std::filesystem::exists(src / "config.json")) return src;
-  char buf[4096];
-  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n > 0) {
-    buf[n] = 0;
-    auto p = std::filesystem::path(buf).parent_path() / ".." / ".." / "models" / "default";
-    if (std::filesystem::exists(p / "config.json")) return p;
-  }
-  return src;
+  // Found from the executable, so a build tree or an install can be moved:
+  // build/<preset>/kvgraph -> models/default of the source tree;
+  // <prefix>/bin/kvgraph -> <prefix>/share/kvgraph/models/default.
+  std::error_code ec;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) fail("cli", "cannot locate the kvgraph executable to find the default model: pass --model DIR");
+  const std::filesystem::path bin = exe.parent_path();
+  const std::filesystem::path candidates[] = {bin / ".." / ".." / "models" / "default",
+                                              bin / ".." / "share" / "kvgraph" / "models" / "default"};
+  for (const auto& p : candidates)
+    if (std::filesystem::exists(p / "config.json")) return p.lexically_normal();
+  fail("cli", "no default model next to {} (looked in {} and {}): pass --model DIR", exe.string(),
+       candidates[0].lexically_normal().string(), candidates[1].lexically_normal().string());
 }
 
 std::shared_ptr<Model> load_model(const ModelFlags& f, double* seconds) {

@@ -33,7 +33,6 @@ void run_generate(const GenerateFlags& f) {
   if (f.max_tokens < 1) fail("generate", "--max-tokens must be at least 1, got {}", f.max_tokens);
   double load_s = 0;
   auto model = load_model(f.m, &load_s);
-  const ModelConfig& cfg = model->config();
   auto tok = load_tokenizer(*model, f.prompt_ids.empty());
   std::vector<int32_t> prompt;
   if (!f.prompt_ids.empty()) {
@@ -44,7 +43,7 @@ void run_generate(const GenerateFlags& f) {
   if (prompt.empty()) fail("generate", "the prompt is empty (give text or --prompt-ids)");
 
   SessionOptions so;
-  so.capacity = f.m.capacity > 0 ? f.m.capacity : static_cast<int32_t>(prompt.size()) + f.max_tokens;
+  so.capacity = f.m.capacity > 0 ? f.m.capacity : request_capacity(model->config(), prompt.size(), f.max_tokens);
   so.max_write = f.m.chunk;
   so.eager = f.m.eager;
   so.tuning = f.m.tuning();
@@ -59,10 +58,6 @@ void run_generate(const GenerateFlags& f) {
   sp.top_p = f.top_p;
   sp.repetition_penalty = f.greedy ? 1.0f : f.repeat_penalty;
   sp.seed = f.seed;
-  std::vector<int32_t> eos = cfg.eos_token_ids;
-  if (tok && tok->eos_id() && std::find(eos.begin(), eos.end(), *tok->eos_id()) == eos.end())
-    eos.push_back(*tok->eos_id());
-  if (f.ignore_eos) s.set_banned_tokens(eos);
 
   std::ofstream dump;
   if (!f.dump_logits.empty()) {
@@ -75,68 +70,45 @@ void run_generate(const GenerateFlags& f) {
     dump.write(reinterpret_cast<const char*>(l.data()), l.size() * sizeof(float));
   };
 
-  auto t0 = std::chrono::steady_clock::now();
-  s.prefill(prompt);
-  int32_t t = s.sample();
-  const double prefill_s = seconds_since(t0);
-  dump_row();
-
-  std::vector<int32_t> out;
-  std::string text;
-  std::optional<StreamDecoder> sd;
-  if (tok) sd.emplace(*tok, true);
-  auto t1 = std::chrono::steady_clock::now();
-  std::string stop_reason = "length";
-  for (int i = 0; i < f.max_tokens; ++i) {
-    if (std::find(eos.begin(), eos.end(), t) != eos.end() && !f.ignore_eos) {
-      stop_reason = "eos";
-      break;
+  GenerateOptions go;
+  go.max_tokens = f.max_tokens;
+  go.stop = f.stop;
+  go.ignore_eos = f.ignore_eos;
+  int printed = 0;
+  // Streams the text (or, without a tokenizer, the ids) as it is generated.
+  auto on_token = [&](int32_t id, std::string_view text) {
+    if (id >= 0) dump_row();  // the logits this token was sampled from
+    if (f.json) return;
+    if (tok) {
+      fwrite(text.data(), 1, text.size(), stdout);
+    } else if (id >= 0) {
+      fmt::print("{}{}", printed++ ? " " : "", id);
     }
-    out.push_back(t);
-    if (sd) {
-      std::string piece = sd->step(t);
-      text += piece;
-      if (!f.json) {
-        fwrite(piece.data(), 1, piece.size(), stdout);
-        fflush(stdout);
-      }
-      bool stopped = false;
-      for (const auto& st : f.stop)
-        if (!st.empty() && text.find(st) != std::string::npos) {
-          text.resize(text.find(st));
-          stopped = true;
-        }
-      if (stopped) {
-        stop_reason = "stop";
-        break;
-      }
-    } else if (!f.json) {
-      fmt::print("{}{}", i ? " " : "", t);
-      fflush(stdout);
-    }
-    if (i + 1 == f.max_tokens) break;
-    t = s.decode();
-    dump_row();
+    fflush(stdout);
+  };
+  GenerateResult r = s.generate(prompt, tok ? &*tok : nullptr, go, on_token);
+  if (r.finish == FinishReason::eos) dump_row();  // the end token's row: one row per sampled token
+  if (r.finish == FinishReason::length) {
+    if (!f.json) fmt::print("\n");
+    fail("generate", "cache is full after {} new tokens: {} of {} positions used (raise --capacity)", r.tokens.size(),
+         s.position(), s.capacity());
   }
-  if (sd && stop_reason != "stop") {
-    std::string rest = sd->flush();
-    text += rest;
-    if (!f.json) fwrite(rest.data(), 1, rest.size(), stdout);
-  }
-  const double decode_s = seconds_since(t1);
-  const int n_decode = std::max<int>(0, static_cast<int>(out.size()) - 1);
+  const int n_decode = std::max<int>(0, static_cast<int>(r.tokens.size()) - 1);
+  const double decode_ms = n_decode ? r.decode_seconds * 1e3 / n_decode : 0.0;
 
   if (f.json) {
     nlohmann::json j;
-    j["ids"] = out;
+    j["ids"] = r.tokens;
     j["prompt_ids"] = prompt;
-    if (tok) j["text"] = text;
-    j["stop_reason"] = stop_reason;
+    if (tok) j["text"] = r.text;
+    // The JSON contract predates FinishReason: a max-tokens finish has always
+    // been "length" here (OpenAI's name); a full cache is an error above.
+    j["stop_reason"] = r.finish == FinishReason::max_tokens ? "length" : finish_reason_name(r.finish);
     j["device"] = device_name(model->device());
     j["compiled"] = !f.m.eager;
     j["captures"] = s.captures();
-    j["prefill_ms"] = prefill_s * 1e3;
-    j["decode_ms_per_token"] = n_decode ? decode_s * 1e3 / n_decode : 0.0;
+    j["prefill_ms"] = r.prefill_seconds * 1e3;
+    j["decode_ms_per_token"] = decode_ms;
     fmt::print("{}\n", j.dump());
   } else {
     fmt::print("\n");
@@ -144,8 +116,8 @@ void run_generate(const GenerateFlags& f) {
   if (!f.m.quiet)
     fmt::print(stderr, "[kvgraph] load {:.2f} s | prompt {} tok in {:.1f} ms ({:.0f} tok/s) | generated {} tok, "
                "{:.2f} ms/tok ({:.1f} tok/s) | {} decode, {} capture(s)\n",
-               load_s, prompt.size(), prefill_s * 1e3, prompt.size() / std::max(prefill_s, 1e-9), out.size(),
-               n_decode ? decode_s * 1e3 / n_decode : 0.0, n_decode ? n_decode / std::max(decode_s, 1e-9) : 0.0,
+               load_s, prompt.size(), r.prefill_seconds * 1e3, prompt.size() / std::max(r.prefill_seconds, 1e-9),
+               r.tokens.size(), decode_ms, n_decode ? n_decode / std::max(r.decode_seconds, 1e-9) : 0.0,
                f.m.eager ? "eager" : "compiled", s.captures());
 }
 
