@@ -21,6 +21,22 @@
 namespace kvgraph::cuda {
 namespace {
 
+// acc + q[0..8) . k[0..8) as a chain of fmaf in element order, q 16-byte
+// aligned in shared memory (both score loops use it, so T = 1 and T > 1
+// round alike). acc = -0.0f makes the first term exactly q[0] * k[0].
+__device__ __forceinline__ float dot8(const float* q, const float* k, float acc) {
+  const float4 qa = *reinterpret_cast<const float4*>(q);
+  const float4 qb = *reinterpret_cast<const float4*>(q + 4);
+  acc = fmaf(qa.x, k[0], acc);
+  acc = fmaf(qa.y, k[1], acc);
+  acc = fmaf(qa.z, k[2], acc);
+  acc = fmaf(qa.w, k[3], acc);
+  acc = fmaf(qb.x, k[4], acc);
+  acc = fmaf(qb.y, k[5], acc);
+  acc = fmaf(qb.z, k[6], acc);
+  return fmaf(qb.w, k[7], acc);
+}
+
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 
@@ -309,16 +325,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
       detail::unpack8(kr[u], kf);
 #pragma unroll
       for (int g = 0; g < kMaxG; ++g) {
-        const float4 qa = *reinterpret_cast<const float4*>(q_s + g * D + e0);
-        const float4 qb = *reinterpret_cast<const float4*>(q_s + g * D + e0 + 4);
-        float dot = qa.x * kf[0];
-        dot = fmaf(qa.y, kf[1], dot);
-        dot = fmaf(qa.z, kf[2], dot);
-        dot = fmaf(qa.w, kf[3], dot);
-        dot = fmaf(qb.x, kf[4], dot);
-        dot = fmaf(qb.y, kf[5], dot);
-        dot = fmaf(qb.z, kf[6], dot);
-        dot = fmaf(qb.w, kf[7], dot);
+        float dot = dot8(q_s + g * D + e0, kf, -0.0f);
         for (int off = GS >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
         float x = dot * a.scale;
         if (a.softcap > 0.f) x = kvgraph::softcap(x, a.softcap);
@@ -528,18 +535,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
           }
 #pragma unroll
           for (int g = 0; g < kMaxG; ++g) {
-            const float4 qa = *reinterpret_cast<const float4*>(q_s + g * D + v);
-            const float4 qb = *reinterpret_cast<const float4*>(q_s + g * D + v + 4);
-            float d = dot[g];
-            d = fmaf(qa.x, kf[0], d);
-            d = fmaf(qa.y, kf[1], d);
-            d = fmaf(qa.z, kf[2], d);
-            d = fmaf(qa.w, kf[3], d);
-            d = fmaf(qb.x, kf[4], d);
-            d = fmaf(qb.y, kf[5], d);
-            d = fmaf(qb.z, kf[6], d);
-            d = fmaf(qb.w, kf[7], d);
-            dot[g] = d;
+            dot[g] = dot8(q_s + g * D + v, kf, dot[g]);
           }
         }
       }
