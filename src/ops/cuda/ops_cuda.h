@@ -2,7 +2,8 @@
 // The CUDA side of the op set: the same ops as include/kvgraph/ops.h, on
 // tensors, forwarding to the raw-pointer kernels of ops/cuda/kernels.h with
 // the per-stream scratch and tuning of the stream's CudaContext.
-#include "kvgraph/ops.h"
+#include "kvgraph/op_types.h"
+#include "kvgraph/stream.h"
 #include "ops/attend_call.h"
 
 namespace kvgraph::cuda_ops {
