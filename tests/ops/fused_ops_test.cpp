@@ -260,4 +260,37 @@ TEST(FusedOps, PackedUpdateAndAttendEqualsSeparateTensors) {
   }
 }
 
+// The op front checks update_and_attend's arguments before either backend
+// sees them, naming the layer and the field.
+TEST(FusedOps, UpdateAndAttendArgumentsAreCheckedByTheFront) {
+  const int Hq = 4, Hkv = 2, hd = 8;
+  CacheConfig cfg;
+  cfg.layers = {LayerSpec{Flat{16}, Hq, Hkv, hd}};
+  SequenceCache cache(cfg);
+  Stream s(Device::CPU);
+  Tensor pos = Tensor::zeros({1}, DType::I32, Device::CPU);
+  Tensor qkv = Tensor::zeros({1, (Hq + 2 * Hkv) * hd}, DType::F32, Device::CPU);
+  Tensor q = Tensor::zeros({1, Hq, hd}, DType::F32, Device::CPU);
+  Tensor out = Tensor::zeros({1, Hq * hd}, DType::F32, Device::CPU);
+  Tensor short_norm = Tensor::zeros({hd - 1}, DType::F32, Device::CPU);
+  const CacheStep step = cache.begin_step(s, pos, 1);
+  auto expect_error = [&](const ops::AttendArgs& a, const char* what) {
+    try {
+      ops::update_and_attend(s, a);
+      ADD_FAILURE() << "no error, expected: " << what;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(what));
+    }
+  };
+  expect_error({.cache = nullptr, .step = step, .qkv = &qkv, .out = &out}, "no cache given");
+  expect_error({.cache = &cache, .step = CacheStep{}, .qkv = &qkv, .out = &out}, "call cache.begin_step first");
+  expect_error({.cache = &cache, .step = step, .layer = 1, .qkv = &qkv, .out = &out}, "layer 1 out of range");
+  expect_error({.cache = &cache, .step = step, .q = &q, .qkv = &qkv, .out = &out}, "either qkv or q, k and v");
+  expect_error({.cache = &cache, .step = step, .q = &q, .out = &out}, "layer 0: k is missing");
+  expect_error({.cache = &cache, .step = step, .qkv = &qkv, .out = &out, .q_norm = &short_norm},
+               "q_norm must be f32 [8]");
+  // Nothing was written: the pools are still zero.
+  for (float x : cache.k_pool(0).to_f32_vector()) ASSERT_EQ(x, 0.f);
+}
+
 }  // namespace

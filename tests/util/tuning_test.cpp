@@ -1,0 +1,75 @@
+// Tuning: the typed kernel choices that replaced environment variables.
+#include "kvgraph/tuning.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kvgraph/error.h"
+#include "kvgraph/stream.h"
+
+using namespace kvgraph;
+using ::testing::HasSubstr;
+
+TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
+  const Tuning t;
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on");
+  EXPECT_EQ(Tuning::parse(t.describe()), t);
+  EXPECT_EQ(Tuning::parse(""), t);
+}
+
+TEST(Tuning, EveryKeyParses) {
+  const Tuning t = Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off");
+  EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
+  EXPECT_TRUE(t.legacy_decode_attention);
+  EXPECT_EQ(t.attn_heads, 2);
+  EXPECT_EQ(t.attn_chunk, 64);
+  EXPECT_FALSE(t.programmatic_launch);
+  EXPECT_EQ(Tuning::parse(t.describe()), t);
+  EXPECT_EQ(Tuning::parse("gemv=block2").gemv, Tuning::Gemv::block2);
+  EXPECT_NE(Tuning::parse("gemv=block2"), Tuning{});
+}
+
+TEST(Tuning, BadSpecsNameTheKeyAndValue) {
+  auto expect_error = [](const char* spec, const char* what) {
+    try {
+      Tuning::parse(spec);
+      ADD_FAILURE() << "no error for " << spec;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("[tuning]"));
+      EXPECT_THAT(e.what(), HasSubstr(what)) << spec;
+    }
+  };
+  expect_error("gemv=fast", "gemv=fast");
+  expect_error("attn-heads=3", "attn-heads=3");
+  expect_error("attn-chunk=-1", "attn-chunk=-1");
+  expect_error("attn-chunk=12x", "attn-chunk=12x");
+  expect_error("pdl=maybe", "pdl=maybe");
+  expect_error("colour=blue", "unknown key \"colour\"");
+  expect_error("gemv", "expected key=value");
+}
+
+TEST(Tuning, ACpuStreamCarriesItAndANewTuningDropsTheRecording) {
+  Stream s(Device::CPU, Tuning::parse("attn-heads=4"));
+  EXPECT_EQ(s.tuning().attn_heads, 4);
+  int runs = 0;
+  s.begin_record();
+  s.submit([&] { ++runs; });
+  s.end_record();
+  ASSERT_TRUE(s.has_recording());
+  s.set_tuning(s.tuning());  // the same tuning keeps the recording
+  EXPECT_TRUE(s.has_recording());
+  s.set_tuning(Tuning{});
+  EXPECT_FALSE(s.has_recording());
+  EXPECT_EQ(runs, 0);
+}
+
+TEST(Tuning, ACudaStreamWithoutADeviceIsOneClearError) {
+  if (cuda_available()) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_THROW(Stream(Device::CUDA), Error);
+  try {
+    parse_device("cuda");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("--device cuda"));
+  }
+}
