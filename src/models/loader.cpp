@@ -1,6 +1,10 @@
 // Model::load: config.json + safetensors -> device tensors, named and
 // shape-checked as the family schema (family.h) lists them.
 
+#include <set>
+#include <string>
+#include <vector>
+
 #include "kvgraph/error.h"
 #include "kvgraph/model.h"
 #include "kvgraph/safetensors.h"
@@ -68,6 +72,35 @@ CheckpointNames checkpoint_names(const WeightStore& store, const ModelConfig& c)
   return {};  // the usual missing-tensor error names "model.embed_tokens.weight"
 }
 
+// A checkpoint whose tensors the config does not account for is a checkpoint
+// the config does not describe (num_hidden_layers too small, the wrong
+// model_type, ...): running it would silently ignore weights, so it is an
+// error listing them, as transformers lists unused weights. Harmless extras
+// are skipped: RoPE tables some exporters save, the lm_head of a tied
+// checkpoint, and everything outside the text decoder of a multimodal one
+// (vision tower, projector).
+void check_unused(const WeightStore& store, const ModelConfig& c, const CheckpointNames& names,
+                  const std::vector<TensorPlan>& plans) {
+  std::set<std::string> used;
+  for (const TensorPlan& plan : plans)
+    for (const TensorPlan::Part& p : plan.parts) used.insert(p.name);
+  const std::string head = names.top + "lm_head.weight";
+  std::vector<std::string> unused;
+  for (const std::string& n : store.names()) {
+    if (used.count(n) || n.find("rotary_emb.inv_freq") != std::string::npos) continue;
+    if (n == head && c.tie_word_embeddings) continue;
+    if (c.nested_text_config && n.rfind(names.decoder, 0) != 0 && n != head) continue;
+    unused.push_back(n);
+  }
+  if (unused.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < unused.size() && i < 4; ++i) list += (i ? ", \"" : "\"") + unused[i] + "\"";
+  if (unused.size() > 4) list += fmt::format(" and {} more", unused.size() - 4);
+  fail("weights", "{} tensor(s) in the checkpoint are not used by the model config.json describes (model_type "
+       "\"{}\", {} layers): {}; the config does not match the checkpoint",
+       unused.size(), c.model_type, c.num_layers, list);
+}
+
 }  // namespace
 
 std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device device, const ProgressFn& progress,
@@ -80,8 +113,10 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
   WeightStore store(dir);
 
   const CheckpointNames names = checkpoint_names(store, c);
+  const std::vector<TensorPlan> plans = plan_weights(c, names);
+  check_unused(store, c, names, plans);
   size_t stored_bytes = 0;  // what is loaded (no vision tower, no tied lm_head): progress counts it
-  for (const TensorPlan& plan : plan_weights(c, names))
+  for (const TensorPlan& plan : plans)
     for (const TensorPlan::Part& p : plan.parts)
       if (store.has(p.name)) stored_bytes += store.get(p.name).nbytes;
 
