@@ -45,7 +45,9 @@ void add(Stream& s, const Tensor& a, const Tensor& b, Tensor& out);
 // x = cap * tanh(x / cap), in place (f32).
 void softcap(Stream& s, Tensor& x, float cap);
 
-// Picks the next token from logits f32 [V] into token i32 [1].
+// Picks the next token from logits f32 [V] into token i32 [1]; -1 when a
+// logit is NaN or +inf (nothing is marked seen then), so a broken model is
+// caught with the token the host reads anyway, at no extra sync.
 //   config: u8 [sizeof(SamplingParams)] on the device holding the settings,
 //           read when the op runs (so one recorded step serves any settings).
 //   banned: i32 [n] ids whose logits are masked (e.g. EOS with --ignore-eos).

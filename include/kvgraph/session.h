@@ -130,6 +130,7 @@ class Session {
   void record_decode_step();
   CacheStep submit_decode_step();
   int32_t read_token();
+  [[noreturn]] void fail_non_finite(int64_t position) const;
 
   std::shared_ptr<const Model> model_;
   SessionOptions opt_;

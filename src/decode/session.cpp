@@ -1,6 +1,7 @@
 #include "kvgraph/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <climits>
 #include <optional>
@@ -88,14 +89,30 @@ void Session::prefill(std::span<const int32_t> ids, const ChunkFn& on_chunk) {
     cache_.commit(step);
     if (on_chunk) {
       Tensor l = ws_.logits.slice_rows(0, opt_.all_logits ? T : 1);
-      on_chunk(position, T, l.to_f32_vector());
+      std::vector<float> rows = l.to_f32_vector();
+      const int64_t V = model_->config().vocab_size;
+      for (size_t i = 0; i < rows.size(); ++i)
+        if (!std::isfinite(rows[i])) fail_non_finite(position + (opt_.all_logits ? int64_t(i / V) : T - 1));
+      on_chunk(position, T, rows);
     }
     done += T;
   }
   have_logits_ = true;
 }
 
-int32_t Session::read_token() { return stream_.read_i32(ids_); }
+// The sample op writes -1 when the logits were not finite: a broken model
+// stops here, with the token the host reads anyway.
+int32_t Session::read_token() {
+  const int32_t t = stream_.read_i32(ids_);
+  if (t < 0) fail_non_finite(cache_.length());
+  return t;
+}
+
+void Session::fail_non_finite(int64_t position) const {
+  fail("model", "non-finite logits at position {} (a NaN or infinite value in the weights or activations); "
+       "the session must be reset",
+       position);
+}
 
 int32_t Session::sample() {
   if (!have_logits_) fail("session", "sample() before prefill");
@@ -166,6 +183,8 @@ std::vector<int32_t> Session::decode_many(int n) {
     stream_.queue_read_i32(ids_, i);
   }
   std::vector<int32_t> tokens = stream_.collect_i32(n);
+  for (int i = 0; i < n; ++i)
+    if (tokens[i] < 0) fail_non_finite(int64_t(cache_.length()) + i);
   for (int i = 0; i < n; ++i) cache_.commit(decode_step_);
   return tokens;
 }

@@ -182,7 +182,7 @@ void sample(Stream& s, const Tensor& logits, const Tensor& config, const Tensor&
             sn = seen.data<uint8_t>(), p = pos.data<int32_t>(), tok = token.data<int32_t>()] {
     const int32_t t = cpu::sample(l, V, *params, b, n_banned, sn, *p);
     *tok = t;
-    sn[t] = 1;
+    if (t >= 0) sn[t] = 1;
   });
 }
 

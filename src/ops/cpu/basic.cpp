@@ -122,6 +122,10 @@ int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const i
       if (seen[i]) l[i] = l[i] > 0 ? l[i] / p.repetition_penalty : l[i] * p.repetition_penalty;
   for (int i = 0; i < n_banned; ++i)
     if (banned[i] >= 0 && banned[i] < V) l[banned[i]] = ninf;
+  // A NaN or +inf logit (a broken weight or an overflow upstream) has no
+  // meaningful pick: report it as token -1, as the CUDA kernel does.
+  for (int i = 0; i < V; ++i)
+    if (std::isnan(l[i]) || l[i] == -ninf) return -1;
 
   if (p.temperature <= 0.0f) {  // greedy: lowest index among maxima
     int32_t best = 0;

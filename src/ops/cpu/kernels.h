@@ -18,6 +18,7 @@ void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D);  
 void act_mul(const float* gate, const float* up, float* out, int64_t n, Activation act);
 void add(const float* a, const float* b, float* out, int64_t n);
 void softcap(float* x, int64_t n, float cap);  // in place, elementwise kvgraph::softcap
+// -1 when a logit (after penalty and bans) is NaN or +inf.
 int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const int32_t* banned, int n_banned,
                const uint8_t* seen, int32_t pos);
 

@@ -288,9 +288,12 @@ __global__ void __launch_bounds__(kSelThreads) select_kernel(SelectArgs a) {
     const int32_t t = sample_tail(lg, a.V, cfg, mx, a.pos ? a.pos[0] : 0, sh);
     if (t >= 0) tok = t;
   }
+  // NaN ranks above +inf in the max pass (the device's NaN is positive), so a
+  // non-finite maximum means some logit was NaN or +inf: no token (-1).
+  if (isnan(mx) || mx == INFINITY) tok = -1;
   if (threadIdx.x == 0) {
     *a.token = tok;
-    if (a.seen) a.seen[tok] = 1;
+    if (a.seen && tok >= 0) a.seen[tok] = 1;
   }
 }
 
