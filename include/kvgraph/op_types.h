@@ -3,6 +3,8 @@
 // on the ground floor (tensors and scalars only), so neither the op front,
 // nor a backend, nor the model needs to include another's header for them.
 #include <cstdint>
+#include <optional>
+#include <string>
 
 #include "kvgraph/scalar.h"
 #include "kvgraph/tensor.h"
@@ -20,6 +22,23 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // 1: off (HF rule: logit > 0 ? /p : *p)
   uint64_t seed = 0;
 };
+
+// An out-of-range sampling setting: the field's name as declared above, its
+// value as text, and the range it must lie in.
+struct SamplingIssue {
+  std::string field;     // "temperature", "top_k", "top_p" or "repetition_penalty"
+  std::string value;     // e.g. "nan", "1.5", "-3"
+  std::string expected;  // e.g. "a number in (0, 1]"
+};
+
+// The ranges: temperature finite and >= 0 (0: greedy), top_k >= 0 (0: off),
+// top_p in (0, 1] (1: off), repetition_penalty finite and > 0 (1: off). Any
+// seed is valid. Returns the first setting out of range, or nullopt.
+std::optional<SamplingIssue> check(const SamplingParams& p);
+
+// Throws Error("[sampling] top_p 1.5: expected a number in (0, 1]") for the
+// first setting out of range. Session calls it before settings reach a step.
+void validate(const SamplingParams& p);
 
 // What a linear layer may fuse around its product (the decoder's fused
 // kernels). In order: norm prologue, product, bias, then either the gate or

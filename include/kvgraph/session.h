@@ -120,6 +120,8 @@ class Session {
   const SequenceCache& cache() const { return cache_; }
   const Model& model() const { return *model_; }
   const SessionOptions& options() const { return opt_; }
+  // The settings the next sample uses; checked by ops::validate when they are
+  // next used (sample, decode, generate), which throws Error if out of range.
   ops::SamplingParams& sampling() { return sampling_; }
   void set_banned_tokens(const std::vector<int32_t>& ids);  // e.g. EOS for --ignore-eos
   std::vector<float> last_logits() const;  // f32 [V] of the last step

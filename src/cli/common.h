@@ -10,11 +10,35 @@
 
 #include <CLI/CLI.hpp>
 
+#include "kvgraph/error.h"
 #include "kvgraph/model.h"
+#include "kvgraph/op_types.h"
 #include "kvgraph/session.h"
 #include "kvgraph/tokenizer.h"
 
 namespace kvgraph::cli {
+
+// A bad command line (a flag's value out of range, a missing or unknown
+// flag): main prints it as one line and exits 2, where runtime errors exit 1.
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
+
+// usage_fail("--chunk {}: expected an integer >= 1", 0) throws
+// UsageError("[cli] --chunk 0: expected an integer >= 1").
+template <typename... Args>
+[[noreturn]] inline void usage_fail(fmt::format_string<Args...> f, Args&&... args) {
+  throw UsageError(fmt::format("[cli] {}", fmt::format(f, std::forward<Args>(args)...)));
+}
+
+// Throws UsageError "[cli] FLAG VALUE: expected an integer >= MIN" (then
+// `note`, e.g. " (0: off)") when value < min.
+void check_at_least(const char* flag, int64_t value, int64_t min, const char* note = "");
+
+// ops::check under the flags' names (--temperature, --top-k, --top-p,
+// --repeat-penalty): throws UsageError for the first one out of range.
+void check_sampling_flags(const ops::SamplingParams& p);
 
 // Flags every model-running command shares.
 struct ModelFlags {
@@ -28,6 +52,7 @@ struct ModelFlags {
   bool quiet = false;
   std::string tune;         // Tuning::parse spec; empty: the defaults
   void add(CLI::App& app);
+  void check() const;       // ranges of --capacity and --chunk (UsageError); before any work
   DType kv_storage(Device d) const;
   Tuning tuning() const { return Tuning::parse(tune); }
 };

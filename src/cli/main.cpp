@@ -1,12 +1,29 @@
-// The kvgraph command line. Every failure is one line on stderr and a
-// non-zero exit.
+// The kvgraph command line. Every failure is one line on stderr,
+// "kvgraph: error: [component] ...", and a non-zero exit: 2 for a bad
+// command line (usage), 1 for a failure while running.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include "cli/common.h"
+
+namespace {
+
+constexpr int kExitRuntime = 1;
+constexpr int kExitUsage = 2;
+
+// Prints "kvgraph: error: MESSAGE" as exactly one line.
+void print_error(std::string message) {
+  for (char& c : message)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!message.empty() && message.back() == ' ') message.pop_back();
+  fmt::print(stderr, "kvgraph: error: {}\n", message);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"kvgraph: graph-replayed LLM decoding with KV caches built for it"};
@@ -21,10 +38,26 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help: the help on stdout, exit 0
+    // CLI11's own errors (unknown flag, a value that does not convert, a
+    // missing argument) in the one-line form, with where to look.
+    std::string where = "kvgraph";
+    for (const CLI::App* sub : app.get_subcommands()) where += " " + sub->get_name();
+    if (app.get_subcommands().empty() && argc > 1 && argv[1][0] != '-') {
+      // CLI11 would say "A subcommand is required" for a misspelt command.
+      std::string known;
+      for (const CLI::App* sub : app.get_subcommands({})) known += (known.empty() ? "" : ", ") + sub->get_name();
+      print_error(fmt::format("[cli] unknown command \"{}\": expected one of {} (see `kvgraph --help`)", argv[1], known));
+      return kExitUsage;
+    }
+    print_error(fmt::format("[cli] {} (see `{} --help`)", e.what(), where));
+    return kExitUsage;
+  } catch (const kvgraph::cli::UsageError& e) {
+    print_error(e.what());
+    return kExitUsage;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kvgraph: error: {}\n", e.what());
-    return 1;
+    print_error(e.what());
+    return kExitRuntime;
   }
   return 0;
 }

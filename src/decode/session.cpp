@@ -49,6 +49,7 @@ void Session::upload_sampling() {
   if (a.temperature == b.temperature && a.top_k == b.top_k && a.top_p == b.top_p &&
       a.repetition_penalty == b.repetition_penalty && a.seed == b.seed)
     return;
+  ops::validate(sampling_);  // before the settings reach a step; NaN never compares equal, so lands here
   sampling_config_.copy_from_host(&sampling_);
   uploaded_ = sampling_;
 }
@@ -213,6 +214,7 @@ size_t stop_prefix_at_end(std::string_view text, const std::vector<std::string>&
 GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenizer* tokenizer,
                                  const GenerateOptions& options, const TokenFn& on_token) {
   if (options.max_tokens < 1) fail("session", "generate: max_tokens must be at least 1, got {}", options.max_tokens);
+  ops::validate(sampling_);  // before the prompt is written, so a bad setting leaves the cache as it was
   std::vector<std::string> stops;
   size_t longest_stop = 0;
   for (const auto& st : options.stop)

@@ -39,6 +39,14 @@ void expect_one_line_error(const RunResult& r, const std::string& what) {
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
 }
 
+// A bad command line: exit 2 and exactly one line on stderr that names the
+// flag (`what`), under [cli].
+void expect_usage_error(const RunResult& r, const std::string& what) {
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  expect_one_line_error(r, what);
+  EXPECT_THAT(r.err, StartsWith("kvgraph: error: [cli] "));
+}
+
 }  // namespace
 
 TEST(Cli, GenerateJsonGreedyIgnoreEosMatchesTransformers) {
@@ -82,7 +90,71 @@ TEST(Cli, ScoreMatchesTransformersNllAndArgmax) {
 }
 
 TEST(CliErrors, MissingModelDirectory) {
-  expect_one_line_error(run_cli("generate --model /nonexistent/model \"hi\""), "does not exist");
+  RunResult r = run_cli("generate --model /nonexistent/model \"hi\"");
+  expect_one_line_error(r, "does not exist");
+  EXPECT_EQ(r.exit_code, 1);  // a runtime error, not a usage error
+}
+
+TEST(CliErrors, SamplingFlagsOutOfRangeAreUsageErrors) {
+  const std::string g = "generate --model " + (fixtures_dir() / "llama").string() + " --prompt-ids 1,2 ";
+  expect_usage_error(run_cli(g + "--temperature nan"), "--temperature nan");
+  expect_usage_error(run_cli(g + "--temperature -1"), "--temperature -1");
+  expect_usage_error(run_cli(g + "--temperature inf"), "--temperature inf");
+  expect_usage_error(run_cli(g + "--repeat-penalty 0"), "--repeat-penalty 0");
+  expect_usage_error(run_cli(g + "--repeat-penalty nan"), "--repeat-penalty nan");
+  expect_usage_error(run_cli(g + "--repeat-penalty -1"), "--repeat-penalty -1");
+  expect_usage_error(run_cli(g + "--top-p 1.5"), "--top-p 1.5: expected a number in (0, 1]");
+  expect_usage_error(run_cli(g + "--top-p nan"), "--top-p nan");
+  expect_usage_error(run_cli(g + "--top-p 0"), "--top-p 0");
+  expect_usage_error(run_cli(g + "--top-k -3"), "--top-k -3");
+  expect_usage_error(run_cli(g + "--greedy --top-p 2"), "--top-p 2");  // checked as given, --greedy or not
+  expect_usage_error(run_cli("chat --top-p 1.5"), "--top-p 1.5");
+  expect_usage_error(run_cli("chat --repeat-penalty 0"), "--repeat-penalty 0");
+}
+
+TEST(Cli, TemperatureZeroIsExactlyGreedy) {
+  const std::string g = "generate --model " + (fixtures_dir() / "llama").string() +
+                        " --prompt-ids 1,2,3 --max-tokens 8 --ignore-eos --json -q --repeat-penalty 1 ";
+  RunResult t0 = run_cli(g + "--temperature 0 --seed 7");
+  RunResult greedy = run_cli(g + "--greedy --seed 8");
+  ASSERT_EQ(t0.exit_code, 0) << t0.err;
+  ASSERT_EQ(greedy.exit_code, 0) << greedy.err;
+  EXPECT_EQ(nlohmann::json::parse(t0.out)["ids"], nlohmann::json::parse(greedy.out)["ids"]);
+}
+
+TEST(CliErrors, ParseErrorsAreOneLineAndExitTwo) {
+  const std::string g = "generate --model " + (fixtures_dir() / "llama").string() + " --prompt-ids 1,2 ";
+  expect_usage_error(run_cli(g + "--no-such-flag"), "--no-such-flag");
+  expect_usage_error(run_cli(g + "--chunk abc"), "--chunk");
+  expect_usage_error(run_cli(g + "--max-tokens"), "--max-tokens");
+  expect_usage_error(run_cli(g + "--cpu-weights f8"), "--cpu-weights");
+  expect_usage_error(run_cli("score --chunk 4"), "--ids");
+  expect_usage_error(run_cli("no-such-command"), "no-such-command");
+  expect_usage_error(run_cli(""), "subcommand");
+  RunResult help = run_cli("generate --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_THAT(help.out, HasSubstr("--top-p"));
+  EXPECT_EQ(help.err, "");
+}
+
+TEST(CliErrors, NumericFlagsOutOfRangeNameTheFlag) {
+  const std::string m = " --model " + (fixtures_dir() / "llama").string();
+  const std::string g = "generate" + m + " --prompt-ids 1,2 ";
+  expect_usage_error(run_cli(g + "--chunk 0"), "--chunk 0");
+  expect_usage_error(run_cli(g + "--chunk -4"), "--chunk -4");
+  expect_usage_error(run_cli(g + "--max-tokens -1"), "--max-tokens -1");
+  expect_usage_error(run_cli(g + "--max-tokens 0"), "--max-tokens 0");
+  expect_usage_error(run_cli(g + "--capacity -3"), "--capacity -3");
+  expect_usage_error(run_cli(g + "--kv-dtype f8"), "--kv-dtype f8");
+  expect_usage_error(run_cli("bench" + m + " --prompt -1"), "--prompt -1");
+  expect_usage_error(run_cli("bench" + m + " --new-tokens 0"), "--new-tokens 0");
+  expect_usage_error(run_cli("bench" + m + " --prompt 2000000000 --new-tokens 2000000000"), "--prompt 2000000000");
+  expect_usage_error(run_cli("chat" + m + " --max-tokens -2"), "--max-tokens -2");
+  expect_usage_error(run_cli("chat" + m + " --chunk 0"), "--chunk 0");
+  expect_usage_error(run_cli("score" + m + " --ids /nonexistent/ids.txt --chunk 0"), "--chunk 0");
+  expect_usage_error(run_cli("perplexity" + m + " /nonexistent.txt --ctx 1"), "--ctx 1");
+  expect_usage_error(run_cli("inspect" + m + " --chunk 0"), "--chunk 0");
+  expect_usage_error(run_cli("inspect" + m + " --capacity -1"), "--capacity -1");
 }
 
 TEST(CliErrors, MalformedConfigJson) {

@@ -2,6 +2,7 @@
 // bandwidth floor (weight bytes + KV bytes read per token) / copy bandwidth
 // measured in the same run.
 #include <algorithm>
+#include <climits>
 #include <random>
 
 #include <fmt/format.h>
@@ -113,6 +114,12 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
 }
 
 void run_bench(const BenchFlags& f) {
+  f.m.check();
+  check_at_least("--prompt", f.prompt, 1);
+  check_at_least("--new-tokens", f.new_tokens, 1);
+  // The cache holds both and one more; its capacity is an int32.
+  if (int64_t(f.prompt) + f.new_tokens + 1 > INT32_MAX)
+    usage_fail("--prompt {} --new-tokens {}: together at most {}", f.prompt, f.new_tokens, INT32_MAX - 1);
   std::vector<std::string> models = f.models;
   if (models.empty()) models.push_back(f.m.model);
   const double bw = ops::measure_copy_bandwidth_gbs(parse_device(f.m.device));

@@ -46,6 +46,10 @@ struct ChatFlags {
 };
 
 void run_chat(const ChatFlags& f) {
+  f.m.check();
+  check_at_least("--max-tokens", f.max_tokens, 1);
+  const ops::SamplingParams sampling{f.temperature, f.top_k, f.top_p, f.repeat_penalty, f.seed};
+  check_sampling_flags(sampling);
   auto model = load_model(f.m);
   auto tok = *load_tokenizer(*model, true);
   ChatFormat fmt_ = chat_format(*model, tok);
@@ -56,7 +60,7 @@ void run_chat(const ChatFlags& f) {
   so.tuning = f.m.tuning();
   so.kv_storage = f.m.kv_storage(model->device());
   Session s(model, so);
-  s.sampling() = ops::SamplingParams{f.temperature, f.top_k, f.top_p, f.repeat_penalty, f.seed};
+  s.sampling() = sampling;
   GenerateOptions go;
   go.max_tokens = f.max_tokens;
   if (!fmt_.end_of_turn.empty())

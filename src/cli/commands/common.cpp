@@ -31,12 +31,34 @@ void ModelFlags::add(CLI::App& app) {
   app.add_flag("-q,--quiet", quiet, "No progress or timings on stderr");
 }
 
+void ModelFlags::check() const {
+  check_at_least("--capacity", capacity, 0, " (0: fits the request)");
+  check_at_least("--chunk", chunk, 1);
+  if (!kv_dtype.empty() && kv_dtype != "f32" && kv_dtype != "bf16" && kv_dtype != "f16")
+    usage_fail("--kv-dtype {}: expected f32, bf16 or f16", kv_dtype);
+}
+
+void check_at_least(const char* flag, int64_t value, int64_t min, const char* note) {
+  if (value < min) usage_fail("{} {}: expected an integer >= {}{}", flag, value, min, note);
+}
+
+void check_sampling_flags(const ops::SamplingParams& p) {
+  auto issue = ops::check(p);
+  if (!issue) return;
+  const std::string flag = issue->field == "temperature"   ? "--temperature"
+                           : issue->field == "top_k"       ? "--top-k"
+                           : issue->field == "top_p"       ? "--top-p"
+                           : issue->field == "repetition_penalty" ? "--repeat-penalty"
+                                                                  : issue->field;
+  usage_fail("{} {}: expected {}", flag, issue->value, issue->expected);
+}
+
 DType ModelFlags::kv_storage(Device d) const {
   if (kv_dtype.empty()) return d == Device::CUDA ? DType::BF16 : DType::F32;
   if (kv_dtype == "f32") return DType::F32;
   if (kv_dtype == "bf16") return DType::BF16;
   if (kv_dtype == "f16") return DType::F16;
-  fail("cli", "--kv-dtype {}: expected f32, bf16 or f16", kv_dtype);
+  usage_fail("--kv-dtype {}: expected f32, bf16 or f16", kv_dtype);
 }
 
 std::filesystem::path default_model_dir() {

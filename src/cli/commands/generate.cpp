@@ -30,7 +30,11 @@ struct GenerateFlags {
 };
 
 void run_generate(const GenerateFlags& f) {
-  if (f.max_tokens < 1) fail("generate", "--max-tokens must be at least 1, got {}", f.max_tokens);
+  // Every flag is checked before any work (the model is not yet loaded).
+  f.m.check();
+  check_at_least("--max-tokens", f.max_tokens, 1);
+  // The flags as given, --greedy or not: a bad value is an error either way.
+  check_sampling_flags({f.temperature, f.top_k, f.top_p, f.repeat_penalty, f.seed});
   double load_s = 0;
   auto model = load_model(f.m, &load_s);
   auto tok = load_tokenizer(*model, f.prompt_ids.empty());

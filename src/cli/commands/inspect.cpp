@@ -13,6 +13,7 @@ struct InspectFlags {
 };
 
 void run_inspect(const InspectFlags& f) {
+  f.m.check();
   auto model = load_model(f.m);
   const ModelConfig& c = model->config();
   const int32_t capacity = f.m.capacity > 0 ? f.m.capacity : std::max(1, c.max_position_embeddings);

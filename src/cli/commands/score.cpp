@@ -58,6 +58,7 @@ struct ScoreFlags {
 };
 
 void run_score(const ScoreFlags& f) {
+  f.m.check();
   auto ids = parse_ids(read_file(f.ids_file, "--ids"), "--ids");
   if (ids.empty()) fail("score", "--ids {}: no token ids", f.ids_file);
   auto model = load_model(f.m);
@@ -82,7 +83,8 @@ struct PerplexityFlags {
 };
 
 void run_perplexity(const PerplexityFlags& f) {
-  if (f.ctx < 2) fail("perplexity", "--ctx must be at least 2");
+  f.m.check();
+  check_at_least("--ctx", f.ctx, 2);
   std::string text = read_file(f.file, "perplexity");
   auto model = load_model(f.m);
   auto tok = load_tokenizer(*model, true);
