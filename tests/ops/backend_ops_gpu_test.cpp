@@ -249,6 +249,23 @@ TEST(BackendOps, Sampling) {
     EXPECT_GE(double(same) / picks[0].size(), st.min_agree) << st.name;
     for (float t : picks[1]) EXPECT_TRUE(t != 3 && t != 4000) << st.name << ": a banned id was drawn";
   }
+  // A NaN or +inf logit: no token (-1) on both backends, nothing marked seen.
+  for (float bad : {NAN, INFINITY})
+    for (float temperature : {0.f, 0.8f})
+      compare("sample non-finite", 0, [&](Stream& s, Device d) {
+        std::vector<float> l = randn(1000, 20, 2.f);
+        l[517] = bad;
+        Tensor logits = make(l, {1000}, d);
+        ops::SamplingParams p{.temperature = temperature, .seed = 3};
+        Tensor cfg = Tensor::from_host(&p, {int64_t(sizeof p)}, DType::U8, d);
+        Tensor banned = Tensor::zeros({1}, DType::I32, d), seen = Tensor::zeros({1000}, DType::U8, d);
+        Tensor pos = Tensor::zeros({1}, DType::I32, d), tok = Tensor::zeros({1}, DType::I32, d);
+        ops::sample(s, logits, cfg, banned, 0, seen, pos, tok);
+        std::vector<float> out = seen.to_f32_vector();
+        out.push_back(float(s.read_i32(tok)));
+        EXPECT_EQ(out.back(), -1.f) << device_name(d);
+        return out;
+      });
   report("sampling", before);
 }
 
