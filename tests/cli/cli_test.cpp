@@ -266,6 +266,20 @@ TEST(CliErrors, PromptSourcesAreCheckedAndNamed) {
   expect_one_line_error(run_cli(g + "-f /dev/null"), "the prompt from --file /dev/null is empty");
 }
 
+TEST(CliErrors, NoPromptAtATerminalIsAUsageError) {
+  // stdin a terminal and no prompt: say so rather than wait for typing.
+  // script(1) (bsdutils, essential on Debian) gives the command a pty.
+  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "no script(1) for a pty";
+  const fs::path log = fs::temp_directory_path() / ("kvgraph_tty_" + std::to_string(getpid()) + ".txt");
+  const std::string cmd =
+      "script -qec '" + std::string(KVGRAPH_CLI) + " generate -q' /dev/null </dev/null >" + log.string() + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  const std::string out = slurp(log);
+  fs::remove(log);
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 2) << out;
+  EXPECT_THAT(out, HasSubstr("kvgraph: error: [cli] no prompt: give TEXT"));
+}
+
 TEST(Cli, VersionPrintsTheProjectVersion) {
   RunResult r = run_cli("--version");
   EXPECT_EQ(r.exit_code, 0) << r.err;
