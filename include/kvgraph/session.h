@@ -43,7 +43,10 @@ struct SessionOptions {
 // What one generate() call may do.
 struct GenerateOptions {
   int32_t max_tokens = 64;        // most new tokens (>= 1)
-  std::vector<std::string> stop;  // end once the text contains one; the text ends before it (needs a tokenizer)
+  // End once the text contains one of these (needs a tokenizer). The stop
+  // string and anything after it are not part of the text, streamed or
+  // returned; `tokens` ends with the token that completed it.
+  std::vector<std::string> stop;
   bool ignore_eos = false;        // ban the end tokens from sampling instead of ending on them
   std::vector<int32_t> extra_eos; // more end tokens, e.g. a chat format's end-of-turn token
   bool skip_special_tokens = true;  // in the text
@@ -59,7 +62,7 @@ enum class FinishReason {
 const char* finish_reason_name(FinishReason r);  // "eos", "stop", "max_tokens", "length"
 
 struct GenerateResult {
-  std::vector<int32_t> tokens;  // generated ids, end token excluded (a stop string's tokens included)
+  std::vector<int32_t> tokens;  // generated ids: no end token; on `stop`, up to the one completing the stop string
   std::string text;             // their text, cut before a stop string; empty without a tokenizer
   FinishReason finish = FinishReason::max_tokens;
   // The last sampled token, which is not in the cache yet (the end token on

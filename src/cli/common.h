@@ -2,6 +2,7 @@
 // Shared pieces of the kvgraph subcommands: model resolution and loading
 // with progress, session options from flags, timing.
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -58,10 +59,41 @@ struct ModelFlags {
 };
 
 std::filesystem::path default_model_dir();
+// Loads the model; an explicit --capacity beyond the positions it was
+// trained on (max_position_embeddings) warns once on stderr, as llama.cpp
+// does when n_ctx > n_ctx_train.
 std::shared_ptr<Model> load_model(const ModelFlags& f, double* seconds = nullptr);
 std::optional<Tokenizer> load_tokenizer(const Model& m, bool required);
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what);
+// The whole file; a missing or unreadable file or a directory throws
+// Error("[cli] WHAT: cannot open PATH: <strerror>") (or "... is a directory").
 std::string read_file(const std::filesystem::path& p, const std::string& what);
+// All of stdin (until end of file); a read error throws like read_file.
+std::string read_stdin(const std::string& what);
+
+// Output that must not be lost silently: every write, the flush and the
+// close are checked, and a failure throws
+// Error("[COMPONENT] cannot write NAME: <strerror>").
+class Output {
+ public:
+  // A borrowed stream (stdout): flushed and checked by finish(), not closed.
+  Output(std::FILE* borrowed, std::string name, std::string component);
+  // A file created (or truncated) for writing; the open is checked too.
+  Output(const std::filesystem::path& p, std::string name, std::string component);
+  ~Output();  // closes an owned file unchecked (an error is already on its way)
+  Output(const Output&) = delete;
+  Output& operator=(const Output&) = delete;
+
+  void write(std::string_view bytes);
+  void flush();   // hands the buffered bytes to the system (streamed text)
+  void finish();  // flush, then close an owned file; both checked
+
+ private:
+  [[noreturn]] void fail_write(int err) const;
+  std::FILE* f_ = nullptr;
+  bool owned_ = false;
+  std::string name_, component_;
+};
 
 inline double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

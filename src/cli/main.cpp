@@ -1,7 +1,10 @@
 // The kvgraph command line. Every failure is one line on stderr,
 // "kvgraph: error: [component] ...", and a non-zero exit: 2 for a bad
-// command line (usage), 1 for a failure while running.
+// command line (usage), 1 for a failure while running. Output that could not
+// be written (a full disk, a closed pipe's end) is a failure too.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -28,6 +31,8 @@ void print_error(std::string message) {
 int main(int argc, char** argv) {
   CLI::App app{"kvgraph: graph-replayed LLM decoding with KV caches built for it"};
   app.require_subcommand(1);
+  // KVGRAPH_VERSION: the CMake project version, defined on this executable.
+  app.set_version_flag("--version", std::string("kvgraph ") + KVGRAPH_VERSION, "Print the version and exit");
   app.footer("Run `kvgraph <command> --help` for a command's options and examples.");
   kvgraph::cli::add_generate(app);
   kvgraph::cli::add_chat(app);
@@ -38,7 +43,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help: the help on stdout, exit 0
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version: on stdout, exit 0
     // CLI11's own errors (unknown flag, a value that does not convert, a
     // missing argument) in the one-line form, with where to look.
     std::string where = "kvgraph";
@@ -57,6 +62,13 @@ int main(int argc, char** argv) {
     return kExitUsage;
   } catch (const std::exception& e) {
     print_error(e.what());
+    return kExitRuntime;
+  }
+  // Whatever a command printed must have reached stdout (commands that
+  // stream check as they go; this catches the rest at the last moment).
+  errno = 0;
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    print_error(fmt::format("[cli] cannot write to stdout: {}", std::strerror(errno ? errno : EIO)));
     return kExitRuntime;
   }
   return 0;

@@ -209,6 +209,15 @@ size_t stop_prefix_at_end(std::string_view text, const std::vector<std::string>&
   return held;
 }
 
+// Where the first stop string in `text` starts, or npos. Text before
+// `before` held none, so a match must end after it.
+size_t find_stop(const std::string& text, size_t before, const std::vector<std::string>& stops, size_t longest_stop) {
+  const size_t from = before >= longest_stop ? before - longest_stop + 1 : 0;
+  size_t cut = std::string::npos;
+  for (const auto& st : stops) cut = std::min(cut, text.find(st, from));
+  return cut;
+}
+
 }  // namespace
 
 GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenizer* tokenizer,
@@ -253,10 +262,7 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenize
     if (sd) {
       const size_t before = r.text.size();
       r.text += sd->step(t);
-      // Earlier tokens found no stop string, so a match ends in the new text.
-      const size_t from = before >= longest_stop ? before - longest_stop + 1 : 0;
-      size_t cut = std::string::npos;
-      for (const auto& st : stops) cut = std::min(cut, r.text.find(st, from));
+      const size_t cut = find_stop(r.text, before, stops, longest_stop);
       if (cut != std::string::npos) {
         r.text.resize(cut);
         stopped = true;
@@ -282,7 +288,17 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenize
       break;
     }
   }
-  if (sd && r.finish != FinishReason::stop) r.text += sd->flush();
+  if (sd && r.finish != FinishReason::stop) {
+    // Bytes the decoder still held (an unfinished character, as U+FFFD) may
+    // complete a stop string too: the same rule applies to them.
+    const size_t before = r.text.size();
+    r.text += sd->flush();
+    const size_t cut = find_stop(r.text, before, stops, longest_stop);
+    if (cut != std::string::npos) {
+      r.text.resize(cut);
+      r.finish = FinishReason::stop;
+    }
+  }
   if (on_token && emitted < r.text.size()) on_token(-1, std::string_view(r.text).substr(emitted));
   r.decode_seconds = seconds_since(t1);
   return r;

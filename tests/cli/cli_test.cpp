@@ -3,11 +3,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "kvgraph/tokenizer.h"
 #include "support/fixtures.h"
 #include "support/run.h"
 
@@ -46,6 +48,33 @@ void expect_usage_error(const RunResult& r, const std::string& what) {
   expect_one_line_error(r, what);
   EXPECT_THAT(r.err, StartsWith("kvgraph: error: [cli] "));
 }
+
+// run_cli with stdin read from `in` and, when `out` is given, stdout written
+// there (e.g. /dev/full) instead of captured.
+RunResult run_cli_io(const std::string& args, const std::string& in, const std::string& out = "") {
+  static int n = 0;
+  const fs::path dir = fs::temp_directory_path();
+  const fs::path o = dir / ("kvgraph_cli_io_out_" + std::to_string(getpid()) + "_" + std::to_string(n));
+  const fs::path e = dir / ("kvgraph_cli_io_err_" + std::to_string(getpid()) + "_" + std::to_string(n++));
+  const std::string cmd = std::string(KVGRAPH_CLI) + " " + args + " >" + (out.empty() ? o.string() : out) + " 2>" +
+                          e.string() + " <" + in;
+  const int status = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (out.empty()) r.out = slurp(o);
+  r.err = slurp(e);
+  fs::remove(o);
+  fs::remove(e);
+  return r;
+}
+
+nlohmann::json parse_json_run(const RunResult& r) {
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  return r.exit_code == 0 ? nlohmann::json::parse(r.out) : nlohmann::json::object();
+}
+
+std::string llama_generate() { return "generate --model " + (fixtures_dir() / "llama").string() + " "; }
+std::string default_dir() { return (fs::path(KVGRAPH_SOURCE_DIR) / "models" / "default").string(); }
 
 }  // namespace
 
@@ -113,13 +142,196 @@ TEST(CliErrors, SamplingFlagsOutOfRangeAreUsageErrors) {
 }
 
 TEST(Cli, TemperatureZeroIsExactlyGreedy) {
-  const std::string g = "generate --model " + (fixtures_dir() / "llama").string() +
-                        " --prompt-ids 1,2,3 --max-tokens 8 --ignore-eos --json -q --repeat-penalty 1 ";
+  // With the defaults: a default repetition penalty (it was 1.1) made the
+  // two differ from the 15th token of this run on.
+  const std::string g = llama_generate() + "--prompt-ids 1,2,3 --max-tokens 40 --ignore-eos --json -q ";
   RunResult t0 = run_cli(g + "--temperature 0 --seed 7");
   RunResult greedy = run_cli(g + "--greedy --seed 8");
   ASSERT_EQ(t0.exit_code, 0) << t0.err;
   ASSERT_EQ(greedy.exit_code, 0) << greedy.err;
   EXPECT_EQ(nlohmann::json::parse(t0.out)["ids"], nlohmann::json::parse(greedy.out)["ids"]);
+}
+
+TEST(Cli, GenerateSeedIsRandomReportedAndReproduces) {
+  const std::string g = llama_generate() + "--prompt-ids 1,2,3 --max-tokens 24 --ignore-eos --json -q ";
+  auto a = parse_json_run(run_cli(g));
+  auto b = parse_json_run(run_cli(g));
+  ASSERT_TRUE(a.contains("seed") && b.contains("seed"));
+  EXPECT_NE(a["seed"], b["seed"]) << "the default seed is drawn per run (equal with odds 2^-32)";
+  // The reported seed, passed back, gives the same tokens bit for bit.
+  auto again = parse_json_run(run_cli(g + "--seed " + std::to_string(a["seed"].get<uint64_t>())));
+  EXPECT_EQ(again["ids"], a["ids"]);
+  EXPECT_EQ(again["seed"], a["seed"]);
+  auto s1 = parse_json_run(run_cli(g + "--seed 12345"));
+  auto s2 = parse_json_run(run_cli(g + "--seed 12345"));
+  EXPECT_EQ(s1["ids"], s2["ids"]);
+  EXPECT_EQ(s1["seed"].get<uint64_t>(), 12345u);
+  // Text mode reports it on the stats line.
+  RunResult t = run_cli(llama_generate() + "--prompt-ids 1,2,3 --max-tokens 4 --seed 99");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  EXPECT_THAT(t.err, HasSubstr("seed 99"));
+}
+
+TEST(Cli, GenerateFinishReasonNamesEachEnd) {
+  const std::string g = llama_generate() + "--prompt-ids 1,2,3 --json -q --seed 1 ";
+  auto j = parse_json_run(run_cli(g + "--max-tokens 3 --ignore-eos"));
+  EXPECT_EQ(j["finish_reason"], "max_tokens");
+  EXPECT_FALSE(j.contains("stop_reason"));
+  EXPECT_EQ(j["ids"].size(), 3u);
+  auto l = parse_json_run(run_cli(g + "--max-tokens 20 --ignore-eos --capacity 8"));
+  EXPECT_EQ(l["finish_reason"], "length");
+}
+
+TEST(Cli, GenerateFullCacheIsAStopThatKeepsEveryToken) {
+  // Prompt 4 + 4 decoded tokens fill a cache of 8; the 5th token is sampled
+  // and kept. Exit 0, not an error, in both modes.
+  const std::string g = llama_generate() + "--prompt-ids 1,2,3,4 --capacity 8 --max-tokens 20 --ignore-eos -q --seed 5 ";
+  RunResult jr = run_cli(g + "--json");
+  ASSERT_EQ(jr.exit_code, 0) << jr.err;
+  auto j = nlohmann::json::parse(jr.out);
+  EXPECT_EQ(j["finish_reason"], "length");
+  EXPECT_EQ(j["capacity"], 8);
+  const auto ids = j["ids"].get<std::vector<int32_t>>();
+  EXPECT_EQ(ids.size(), 5u);
+  // Text mode: the same tokens, the line ended, then one notice (kept by -q).
+  RunResult tr = run_cli(g);
+  ASSERT_EQ(tr.exit_code, 0) << tr.err;
+  EXPECT_EQ(tr.out, join_ids(ids, " ") + "\n");
+  EXPECT_THAT(tr.err, HasSubstr("the cache is full (8 of 8 positions)"));
+  EXPECT_EQ(std::count(tr.err.begin(), tr.err.end(), '\n'), 1) << tr.err;
+}
+
+TEST(Cli, GenerateHugeMaxTokensIsCappedAtTheTrainedPositions) {
+  // The cache is sized min(prompt + max-tokens, max_position_embeddings = 512
+  // for the fixture) in 64 bits: INT32_MAX neither wraps nor allocates for
+  // itself. The run ends when the cache is full (or at EOS).
+  for (const char* eos : {"--ignore-eos", ""}) {
+    auto j = parse_json_run(run_cli(llama_generate() + "--prompt-ids 1,2,3 --max-tokens 2147483647 --json -q " + eos));
+    EXPECT_EQ(j["capacity"], 512) << eos;
+    const size_t n = j["ids"].size();
+    if (j["finish_reason"] == "eos") {
+      EXPECT_LT(n, 510u);
+    } else {
+      EXPECT_EQ(j["finish_reason"], "length") << eos;
+      EXPECT_EQ(n, 512u - 3 + 1) << "every position used, and the last sampled token kept";
+    }
+  }
+  // Small requests stay small: prompt 3 + 5 new tokens.
+  auto small = parse_json_run(run_cli(llama_generate() + "--prompt-ids 1,2,3 --max-tokens 5 --json -q"));
+  EXPECT_EQ(small["capacity"], 8);
+}
+
+TEST(Cli, CapacityBeyondTrainedPositionsWarnsOnce) {
+  RunResult r = run_cli(llama_generate() + "--prompt-ids 1,2,3 --max-tokens 2 --capacity 1000 -q");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("warning: --capacity 1000 is beyond the 512 positions"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  RunResult ok = run_cli(llama_generate() + "--prompt-ids 1,2,3 --max-tokens 2 --capacity 512 -q");
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(ok.err, "");
+}
+
+TEST(Cli, GeneratePromptFromEachSourceIsTheSamePrompt) {
+  const fs::path file = fs::temp_directory_path() / ("kvgraph_prompt_" + std::to_string(getpid()) + ".txt");
+  std::ofstream(file) << "Once upon a time\n";  // one final newline, as echo writes it: dropped
+  const std::string g = "generate --max-tokens 2 --json -q --seed 3 ";
+  auto positional = parse_json_run(run_cli(g + "\"Once upon a time\""));
+  const auto expect = positional["prompt_ids"];
+  ASSERT_GT(expect.size(), 2u);
+  EXPECT_EQ(parse_json_run(run_cli(g + "-p \"Once upon a time\""))["prompt_ids"], expect);
+  EXPECT_EQ(parse_json_run(run_cli(g + "--prompt \"Once upon a time\""))["prompt_ids"], expect);
+  EXPECT_EQ(parse_json_run(run_cli(g + "-f " + file.string()))["prompt_ids"], expect);
+  EXPECT_EQ(parse_json_run(run_cli(g + "--file " + file.string()))["prompt_ids"], expect);
+  EXPECT_EQ(parse_json_run(run_cli_io(g + "-", file.string()))["prompt_ids"], expect);
+  EXPECT_EQ(parse_json_run(run_cli_io(g + "-f -", file.string()))["prompt_ids"], expect);
+  EXPECT_EQ(parse_json_run(run_cli_io(g, file.string()))["prompt_ids"], expect);  // piped, no prompt flag
+  fs::remove(file);
+}
+
+TEST(CliErrors, PromptSourcesAreCheckedAndNamed) {
+  const std::string g = "generate --max-tokens 2 -q ";
+  expect_usage_error(run_cli(g + "\"hi\" -p \"there\""), "give one prompt: TEXT and --prompt");
+  expect_usage_error(run_cli(g + "-p hi --prompt-ids 1,2"), "--prompt and --prompt-ids");
+  expect_usage_error(run_cli(g + "\"hi\" --prompt-ids 1,2"), "TEXT and --prompt-ids");
+  expect_usage_error(run_cli(g + "-f /dev/null -p hi"), "--prompt and --file");
+  RunResult missing = run_cli(g + "-f /nonexistent/prompt.txt");
+  expect_one_line_error(missing, "cannot open /nonexistent/prompt.txt: No such file or directory");
+  EXPECT_EQ(missing.exit_code, 1);
+  const std::string dir = fs::temp_directory_path().string();
+  expect_one_line_error(run_cli(g + "-f " + dir), "cannot open " + dir + ": it is a directory");
+  // Nothing on stdin where the prompt was expected (run_cli's stdin is
+  // /dev/null): an error, not generation from nothing.
+  expect_one_line_error(run_cli(g), "the prompt from stdin is empty");
+  expect_one_line_error(run_cli(g + "-"), "the prompt from stdin is empty");
+  expect_one_line_error(run_cli(g + "-f /dev/null"), "the prompt from --file /dev/null is empty");
+}
+
+TEST(CliErrors, NoPromptAtATerminalIsAUsageError) {
+  // stdin a terminal and no prompt: say so rather than wait for typing.
+  // script(1) (bsdutils, essential on Debian) gives the command a pty.
+  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "no script(1) for a pty";
+  const fs::path log = fs::temp_directory_path() / ("kvgraph_tty_" + std::to_string(getpid()) + ".txt");
+  const std::string cmd =
+      "script -qec '" + std::string(KVGRAPH_CLI) + " generate -q' /dev/null </dev/null >" + log.string() + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  const std::string out = slurp(log);
+  fs::remove(log);
+  EXPECT_EQ(WIFEXITED(status) ? WEXITSTATUS(status) : -1, 2) << out;
+  EXPECT_THAT(out, HasSubstr("kvgraph: error: [cli] no prompt: give TEXT"));
+}
+
+TEST(Cli, VersionPrintsTheProjectVersion) {
+  RunResult r = run_cli("--version");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(std::regex_match(r.out, std::regex("kvgraph [0-9]+\\.[0-9]+\\.[0-9]+\n"))) << r.out;
+  EXPECT_EQ(r.err, "");
+}
+
+TEST(CliErrors, WriteFailuresAreErrors) {
+  // /dev/full: every write fails with ENOSPC.
+  const std::string g = llama_generate() + "--prompt-ids 1,2,3 --max-tokens 4 -q ";
+  RunResult dump = run_cli(g + "--dump-logits /dev/full");
+  expect_one_line_error(dump, "[generate] cannot write --dump-logits /dev/full: No space left on device");
+  EXPECT_EQ(dump.exit_code, 1);
+  const std::string dir = fs::temp_directory_path().string();
+  expect_one_line_error(run_cli(g + "--dump-logits " + dir), "cannot write --dump-logits " + dir);
+  for (const char* mode : {"", "--json"}) {
+    RunResult out = run_cli_io(g + mode, "/dev/null", "/dev/full");
+    expect_one_line_error(out, "[generate] cannot write to stdout: No space left on device");
+    EXPECT_EQ(out.exit_code, 1) << mode;
+  }
+  // Any command: the last flush of stdout is checked.
+  RunResult inspect = run_cli_io("inspect", "/dev/null", "/dev/full");
+  expect_one_line_error(inspect, "cannot write to stdout: No space left on device");
+  EXPECT_EQ(inspect.exit_code, 1);
+}
+
+TEST(Cli, DumpLogitsWritesOneRowPerSampledToken) {
+  const fs::path file = fs::temp_directory_path() / ("kvgraph_dump_" + std::to_string(getpid()) + ".bin");
+  auto j = parse_json_run(run_cli(llama_generate() + "--prompt-ids 1,2,3 --max-tokens 4 --ignore-eos --json -q "
+                                                     "--dump-logits " + file.string()));
+  const int vocab = load_reference("llama").vocab;
+  EXPECT_EQ(fs::file_size(file), j["ids"].size() * vocab * sizeof(float));
+  fs::remove(file);
+}
+
+TEST(Cli, StopStringIsLeftOutOfTextAndJsonAlike) {
+  // The stop string and what follows are in neither output; the ids end with
+  // the token that completed it.
+  const std::string g = "generate \"The meaning of life is\" --max-tokens 60 --greedy --stop \"--\" -q ";
+  RunResult text = run_cli(g);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  auto j = parse_json_run(run_cli(g + "--json"));
+  ASSERT_EQ(j["finish_reason"], "stop");
+  const std::string t = j["text"].get<std::string>();
+  EXPECT_EQ(text.out, t + "\n");
+  EXPECT_EQ(t.find("--"), std::string::npos);
+  const auto tok = kvgraph::Tokenizer::from_file(default_dir());
+  const auto ids = j["ids"].get<std::vector<int32_t>>();
+  ASSERT_FALSE(ids.empty());
+  EXPECT_NE(tok.decode(ids, true).find("--"), std::string::npos);
+  EXPECT_EQ(tok.decode(std::vector<int32_t>(ids.begin(), ids.end() - 1), true).find("--"), std::string::npos);
+  EXPECT_EQ(tok.decode(ids, true).substr(0, t.size()), t);
 }
 
 TEST(CliErrors, ParseErrorsAreOneLineAndExitTwo) {
@@ -196,12 +408,6 @@ TEST(CliErrors, PromptLongerThanCache) {
   expect_one_line_error(run_cli("generate --model " + (fixtures_dir() / "llama").string() +
                                 " --prompt-ids 1,2,3,4,5,6,7,8,9,10 --capacity 8"),
                         "longer than the cache capacity 8");
-}
-
-TEST(CliErrors, CacheFillsDuringGeneration) {
-  expect_one_line_error(run_cli("generate --model " + (fixtures_dir() / "llama").string() +
-                                " --prompt-ids 1,2,3,4 --capacity 8 --max-tokens 20 --ignore-eos"),
-                        "cache is full");
 }
 
 TEST(CliErrors, BadTokenIdsAndFlags) {

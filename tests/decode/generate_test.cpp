@@ -5,6 +5,7 @@
 #include <climits>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "kvgraph/error.h"
 #include "kvgraph/model.h"
@@ -135,6 +136,34 @@ TEST(Generate, StopStringCutsTheTextBeforeIt) {
   EXPECT_NE(fx().tok.decode(r.tokens, true).find(stop), std::string::npos);
   const std::vector<int32_t> one_less(r.tokens.begin(), r.tokens.end() - 1);
   EXPECT_EQ(fx().tok.decode(one_less, true).find(stop), std::string::npos);
+}
+
+TEST(Generate, StopStringInBytesHeldToTheEndIsCutToo) {
+  // A byte-level tokenizer in which the model's first greedy token is the
+  // byte 0xE2 alone (U+00E2 in GPT-2's byte alphabet): the first byte of a
+  // 3-byte character, held by the stream decoder until the end, where it is
+  // flushed as U+FFFD. A stop string matching that flushed text must be cut
+  // like any other (it was returned and streamed).
+  const EosCase& c = eos_case();
+  const int32_t first = c.ref[0];
+  nlohmann::json j;
+  j["model"] = {{"type", "BPE"}, {"vocab", {{"\xC3\xA2", first}}}, {"merges", nlohmann::json::array()}};
+  j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  j["decoder"] = {{"type", "ByteLevel"}};
+  const Tokenizer bytes = Tokenizer::from_json(j.dump());
+  const std::string replacement = "\xEF\xBF\xBD";  // U+FFFD
+  {
+    StreamDecoder sd(bytes);
+    ASSERT_EQ(sd.step(first), "");
+    ASSERT_EQ(sd.flush(), replacement) << "the premise of this test";
+  }
+  Session s(fx().model, {.capacity = 256});
+  Streamed st;
+  GenerateResult r = s.generate(c.prompt, &bytes, {.max_tokens = 1, .stop = {replacement}}, st.fn());
+  EXPECT_EQ(r.finish, FinishReason::stop);
+  EXPECT_EQ(r.text, "");
+  EXPECT_EQ(st.text, "");
+  EXPECT_EQ(r.tokens, std::vector<int32_t>{first});
 }
 
 TEST(Generate, FullCacheFinishesWithLength) {

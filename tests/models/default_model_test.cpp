@@ -91,6 +91,6 @@ TEST(DefaultModel, StopStringEndsGenerationBeforeIt) {
   RunResult r = run_cli("generate \"The meaning of life is\" --max-tokens 60 --greedy --stop \"--\" --json -q");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["stop_reason"], "stop");
+  EXPECT_EQ(j["finish_reason"], "stop");
   EXPECT_EQ(j["text"].get<std::string>().find("--"), std::string::npos);
 }

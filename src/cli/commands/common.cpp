@@ -2,9 +2,9 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
+#include <cstring>
 #include <system_error>
 
 #include <fmt/format.h>
@@ -103,6 +103,12 @@ std::shared_ptr<Model> load_model(const ModelFlags& f, double* seconds) {
     }, cw);
   }
   if (seconds) *seconds = seconds_since(t0);
+  const int trained = m->config().max_position_embeddings;
+  if (trained > 0 && f.capacity > trained)
+    fmt::print(stderr,
+               "[kvgraph] warning: --capacity {} is beyond the {} positions the model was trained on "
+               "(max_position_embeddings); output past position {} may degrade\n",
+               f.capacity, trained, trained);
   return m;
 }
 
@@ -143,12 +149,69 @@ std::vector<int32_t> parse_ids(const std::string& text, const std::string& what)
   return ids;
 }
 
+namespace {
+
+// Reads `f` to its end; `where` names it in errors.
+std::string read_all(std::FILE* f, const std::string& what, const std::string& where) {
+  std::string text;
+  char buf[1 << 16];
+  size_t n = 0;
+  errno = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) text.append(buf, n);
+  if (std::ferror(f)) fail("cli", "{}: cannot read {}: {}", what, where, std::strerror(errno ? errno : EIO));
+  return text;
+}
+
+}  // namespace
+
 std::string read_file(const std::filesystem::path& p, const std::string& what) {
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("cli", "{}: cannot open {}", what, p.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) fail("cli", "{}: cannot open {}: it is a directory", what, p.string());
+  std::FILE* f = std::fopen(p.c_str(), "rb");
+  if (!f) fail("cli", "{}: cannot open {}: {}", what, p.string(), std::strerror(errno));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(f, &std::fclose);
+  return read_all(f, what, p.string());
+}
+
+std::string read_stdin(const std::string& what) { return read_all(stdin, what, "stdin"); }
+
+Output::Output(std::FILE* borrowed, std::string name, std::string component)
+    : f_(borrowed), owned_(false), name_(std::move(name)), component_(std::move(component)) {}
+
+Output::Output(const std::filesystem::path& p, std::string name, std::string component)
+    : owned_(true), name_(std::move(name)), component_(std::move(component)) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) fail_write(EISDIR);
+  f_ = std::fopen(p.c_str(), "wb");
+  if (!f_) fail_write(errno);
+}
+
+Output::~Output() {
+  if (owned_ && f_) std::fclose(f_);
+}
+
+void Output::fail_write(int err) const {
+  fail(component_, "cannot write {}: {}", name_, std::strerror(err ? err : EIO));
+}
+
+void Output::write(std::string_view bytes) {
+  if (bytes.empty()) return;
+  errno = 0;
+  if (std::fwrite(bytes.data(), 1, bytes.size(), f_) != bytes.size()) fail_write(errno);
+}
+
+void Output::flush() {
+  errno = 0;
+  if (std::fflush(f_) != 0 || std::ferror(f_)) fail_write(errno);
+}
+
+void Output::finish() {
+  flush();
+  if (!owned_) return;
+  std::FILE* f = f_;
+  f_ = nullptr;
+  errno = 0;
+  if (std::fclose(f) != 0) fail_write(errno);
 }
 
 }  // namespace kvgraph::cli

@@ -1,6 +1,9 @@
 // kvgraph generate: prompt (text or ids) -> streamed continuation.
+#include <unistd.h>
+
 #include <cstdio>
-#include <fstream>
+#include <optional>
+#include <random>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -14,20 +17,71 @@ namespace {
 
 struct GenerateFlags {
   ModelFlags m;
-  std::string prompt;
-  std::string prompt_ids;
+  // Prompt sources: at most one (with none, a piped stdin is read).
+  std::string text;        // positional TEXT; "-" reads stdin
+  std::string prompt;      // -p/--prompt TEXT
+  std::string file;        // -f/--file FILE; "-" reads stdin
+  std::string prompt_ids;  // --prompt-ids "1,2,3"
+  CLI::Option *text_opt = nullptr, *prompt_opt = nullptr, *file_opt = nullptr, *ids_opt = nullptr;
+  CLI::Option* seed_opt = nullptr;
   int max_tokens = 64;
   bool greedy = false;
   float temperature = 0.8f;
   int top_k = 40;
   float top_p = 0.95f;
-  float repeat_penalty = 1.1f;
-  uint64_t seed = 42;
+  float repeat_penalty = 1.0f;  // off: --temperature 0 is exactly --greedy
+  uint64_t seed = 0;            // without --seed: drawn from std::random_device and reported
   bool ignore_eos = false;
   bool json = false;
   std::string dump_logits;
   std::vector<std::string> stop;
 };
+
+// Where the prompt comes from, as resolved from the flags.
+struct PromptSource {
+  std::optional<std::string> text;  // text to tokenize
+  std::string ids;                  // --prompt-ids, when text is empty
+};
+
+// A file or stdin as a prompt: the whole of it, less one final newline (the
+// one `echo` and editors add). Empty is an error: nothing came where a
+// prompt was expected.
+std::string prompt_from(const std::string& path) {
+  std::string what = path == "-" ? "stdin" : "--file " + path;
+  std::string s = path == "-" ? read_stdin("prompt") : read_file(path, "--file");
+  if (s.size() >= 1 && s.back() == '\n') s.pop_back();
+  if (s.size() >= 1 && s.back() == '\r') s.pop_back();
+  if (s.empty()) fail("generate", "the prompt from {} is empty", what);
+  return s;
+}
+
+// Checks that at most one source was given (a usage error otherwise), then
+// reads it. Nothing given and stdin not a terminal: stdin is the prompt.
+PromptSource resolve_prompt(const GenerateFlags& f) {
+  std::vector<std::string> given;
+  if (f.text_opt->count()) given.push_back(f.text == "-" ? "- (stdin)" : "TEXT");
+  if (f.prompt_opt->count()) given.push_back("--prompt");
+  if (f.file_opt->count()) given.push_back("--file");
+  if (f.ids_opt->count()) given.push_back("--prompt-ids");
+  if (given.size() > 1)
+    usage_fail("give one prompt: {} and {} were both given (TEXT, -p/--prompt, -f/--file, --prompt-ids or stdin)",
+               given[0], given[1]);
+  PromptSource p;
+  if (f.ids_opt->count()) {
+    p.ids = f.prompt_ids;
+  } else if (f.prompt_opt->count()) {
+    p.text = f.prompt;  // as given, even empty: generation from the tokenizer's BOS alone
+  } else if (f.file_opt->count()) {
+    p.text = prompt_from(f.file);
+  } else if (f.text_opt->count()) {
+    p.text = f.text == "-" ? prompt_from("-") : f.text;
+  } else if (!isatty(STDIN_FILENO)) {
+    p.text = prompt_from("-");
+  } else {
+    usage_fail("no prompt: give TEXT, -p/--prompt TEXT, -f/--file FILE or --prompt-ids, or pipe it on stdin");
+  }
+  return p;
+}
 
 void run_generate(const GenerateFlags& f) {
   // Every flag is checked before any work (the model is not yet loaded).
@@ -35,18 +89,18 @@ void run_generate(const GenerateFlags& f) {
   check_at_least("--max-tokens", f.max_tokens, 1);
   // The flags as given, --greedy or not: a bad value is an error either way.
   check_sampling_flags({f.temperature, f.top_k, f.top_p, f.repeat_penalty, f.seed});
+  const uint64_t seed = f.seed_opt->count() ? f.seed : std::random_device{}();
+  const PromptSource source = resolve_prompt(f);
+
   double load_s = 0;
   auto model = load_model(f.m, &load_s);
-  auto tok = load_tokenizer(*model, f.prompt_ids.empty());
-  std::vector<int32_t> prompt;
-  if (!f.prompt_ids.empty()) {
-    prompt = parse_ids(f.prompt_ids, "--prompt-ids");
-  } else {
-    prompt = tok->encode(f.prompt, true);
-  }
+  auto tok = load_tokenizer(*model, source.text.has_value());
+  std::vector<int32_t> prompt = source.text ? tok->encode(*source.text, true) : parse_ids(source.ids, "--prompt-ids");
   if (prompt.empty()) fail("generate", "the prompt is empty (give text or --prompt-ids)");
 
   SessionOptions so;
+  // Sized by the request, capped at the trained positions, in 64 bits: a
+  // huge --max-tokens costs nothing until the tokens are generated.
   so.capacity = f.m.capacity > 0 ? f.m.capacity : request_capacity(model->config(), prompt.size(), f.max_tokens);
   so.max_write = f.m.chunk;
   so.eager = f.m.eager;
@@ -61,17 +115,15 @@ void run_generate(const GenerateFlags& f) {
   sp.top_k = f.top_k;
   sp.top_p = f.top_p;
   sp.repetition_penalty = f.greedy ? 1.0f : f.repeat_penalty;
-  sp.seed = f.seed;
+  sp.seed = seed;
 
-  std::ofstream dump;
-  if (!f.dump_logits.empty()) {
-    dump.open(f.dump_logits, std::ios::binary);
-    if (!dump) fail("generate", "--dump-logits: cannot write {}", f.dump_logits);
-  }
+  Output out(stdout, "to stdout", "generate");
+  std::optional<Output> dump;
+  if (!f.dump_logits.empty()) dump.emplace(f.dump_logits, "--dump-logits " + f.dump_logits, "generate");
   auto dump_row = [&] {
     if (!dump) return;
     auto l = s.last_logits();
-    dump.write(reinterpret_cast<const char*>(l.data()), l.size() * sizeof(float));
+    dump->write(std::string_view(reinterpret_cast<const char*>(l.data()), l.size() * sizeof(float)));
   };
 
   GenerateOptions go;
@@ -84,19 +136,14 @@ void run_generate(const GenerateFlags& f) {
     if (id >= 0) dump_row();  // the logits this token was sampled from
     if (f.json) return;
     if (tok) {
-      fwrite(text.data(), 1, text.size(), stdout);
+      out.write(text);
     } else if (id >= 0) {
-      fmt::print("{}{}", printed++ ? " " : "", id);
+      out.write(fmt::format("{}{}", printed++ ? " " : "", id));
     }
-    fflush(stdout);
+    out.flush();
   };
   GenerateResult r = s.generate(prompt, tok ? &*tok : nullptr, go, on_token);
   if (r.finish == FinishReason::eos) dump_row();  // the end token's row: one row per sampled token
-  if (r.finish == FinishReason::length) {
-    if (!f.json) fmt::print("\n");
-    fail("generate", "cache is full after {} new tokens: {} of {} positions used (raise --capacity)", r.tokens.size(),
-         s.position(), s.capacity());
-  }
   const int n_decode = std::max<int>(0, static_cast<int>(r.tokens.size()) - 1);
   const double decode_ms = n_decode ? r.decode_seconds * 1e3 / n_decode : 0.0;
 
@@ -105,24 +152,31 @@ void run_generate(const GenerateFlags& f) {
     j["ids"] = r.tokens;
     j["prompt_ids"] = prompt;
     if (tok) j["text"] = r.text;
-    // The JSON contract predates FinishReason: a max-tokens finish has always
-    // been "length" here (OpenAI's name); a full cache is an error above.
-    j["stop_reason"] = r.finish == FinishReason::max_tokens ? "length" : finish_reason_name(r.finish);
+    j["finish_reason"] = finish_reason_name(r.finish);  // eos, stop, max_tokens or length (the cache is full)
+    j["seed"] = seed;
+    j["capacity"] = s.capacity();
     j["device"] = device_name(model->device());
     j["compiled"] = !f.m.eager;
     j["captures"] = s.captures();
     j["prefill_ms"] = r.prefill_seconds * 1e3;
     j["decode_ms_per_token"] = decode_ms;
-    fmt::print("{}\n", j.dump());
+    out.write(j.dump() + "\n");
   } else {
-    fmt::print("\n");
+    out.write("\n");
   }
+  out.finish();  // the line is complete (and written) before any notice on stderr
+  if (dump) dump->finish();
+  // A full cache ends generation like max_tokens does; the notice says why it
+  // ended early. Not progress, so -q keeps it.
+  if (r.finish == FinishReason::length)
+    fmt::print(stderr, "[kvgraph] stopped after {} tokens: the cache is full ({} of {} positions); raise --capacity\n",
+               r.tokens.size(), s.position(), s.capacity());
   if (!f.m.quiet)
     fmt::print(stderr, "[kvgraph] load {:.2f} s | prompt {} tok in {:.1f} ms ({:.0f} tok/s) | generated {} tok, "
-               "{:.2f} ms/tok ({:.1f} tok/s) | {} decode, {} capture(s)\n",
+               "{:.2f} ms/tok ({:.1f} tok/s) | {} decode, {} capture(s) | seed {}\n",
                load_s, prompt.size(), r.prefill_seconds * 1e3, prompt.size() / std::max(r.prefill_seconds, 1e-9),
                r.tokens.size(), decode_ms, n_decode ? n_decode / std::max(r.decode_seconds, 1e-9) : 0.0,
-               f.m.eager ? "eager" : "compiled", s.captures());
+               f.m.eager ? "eager" : "compiled", s.captures(), seed);
 }
 
 }  // namespace
@@ -131,24 +185,32 @@ void add_generate(CLI::App& app) {
   auto f = std::make_shared<GenerateFlags>();
   CLI::App* c = app.add_subcommand("generate", "Continue a prompt")->fallthrough();
   c->footer(
+      "The prompt is one of: TEXT, -p TEXT, -f FILE, --prompt-ids IDS, or stdin (`-`, or piped with no prompt).\n"
       "Examples:\n"
       "  kvgraph generate \"The meaning of life is\"\n"
-      "  kvgraph generate -m ~/models/Qwen2.5-0.5B --device cuda \"Once upon a time\" --max-tokens 128\n"
+      "  echo \"Once upon a time\" | kvgraph generate --max-tokens 32 --seed 7\n"
+      "  kvgraph generate -m ~/models/Qwen2.5-0.5B --device cuda -f prompt.txt --max-tokens 128\n"
       "  kvgraph generate -m DIR --prompt-ids 1,2,3 --max-tokens 32 --greedy --ignore-eos --json");
   f->m.add(*c);
-  c->add_option("prompt", f->prompt, "Prompt text");
-  c->add_option("--prompt-ids", f->prompt_ids, "Prompt as token ids: \"1,2,3\"");
-  c->add_option("-n,--max-tokens", f->max_tokens, "Tokens to generate")->capture_default_str();
+  f->text_opt = c->add_option("text", f->text, "Prompt text; - reads stdin");
+  f->prompt_opt = c->add_option("-p,--prompt", f->prompt, "Prompt text (same as TEXT)");
+  f->file_opt = c->add_option("-f,--file", f->file, "Read the prompt from FILE (- for stdin; one final newline dropped)")
+                    ->type_name("FILE");
+  f->ids_opt = c->add_option("--prompt-ids", f->prompt_ids, "Prompt as token ids: \"1,2,3\"");
+  c->add_option("-n,--max-tokens", f->max_tokens,
+                "Most tokens to generate (the cache is sized by it, up to the model's trained positions)")
+      ->capture_default_str();
   c->add_flag("--greedy", f->greedy, "Arg-max decoding (temperature 0)");
   c->add_option("--temperature", f->temperature, "Sampling temperature (0 = greedy)")->capture_default_str();
   c->add_option("--top-k", f->top_k, "Keep the k most likely tokens (0 = off)")->capture_default_str();
   c->add_option("--top-p", f->top_p, "Nucleus sampling mass (1 = off)")->capture_default_str();
   c->add_option("--repeat-penalty", f->repeat_penalty, "Repetition penalty (1 = off)")->capture_default_str();
-  c->add_option("--seed", f->seed, "Sampling seed")->capture_default_str();
+  f->seed_opt = c->add_option("--seed", f->seed, "Sampling seed (default: random, reported on stderr and in --json)");
   c->add_flag("--ignore-eos", f->ignore_eos, "Never sample end-of-sequence tokens (their logits are masked)");
-  c->add_option("--stop", f->stop, "Stop when the output contains this string (repeatable)");
+  c->add_option("--stop", f->stop, "End when the text contains this string; it is not printed (repeatable)");
   c->add_flag("--json", f->json, "Print one JSON object instead of streaming text");
-  c->add_option("--dump-logits", f->dump_logits, "Write the raw f32 logits of every sampled token to FILE");
+  c->add_option("--dump-logits", f->dump_logits, "Write the raw f32 logits of every sampled token to FILE")
+      ->type_name("FILE");
   c->callback([f] { run_generate(*f); });
 }
 
