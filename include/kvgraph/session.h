@@ -16,6 +16,7 @@
 // recorded once and replayed for every token; the position and the token id
 // live in device memory and are advanced inside the step. Eager runs the same
 // ops unrecorded, and gives bitwise-identical logits and tokens.
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -50,6 +51,9 @@ struct GenerateOptions {
   bool ignore_eos = false;        // ban the end tokens from sampling instead of ending on them
   std::vector<int32_t> extra_eos; // more end tokens, e.g. a chat format's end-of-turn token
   bool skip_special_tokens = true;  // in the text
+  // Polled after each token (e.g. set by a SIGINT handler): once true, generation
+  // ends with FinishReason::cancelled. Null: never cancelled.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // Why generate() returned.
@@ -58,8 +62,9 @@ enum class FinishReason {
   stop,        // the text reached a stop string
   max_tokens,  // generated max_tokens tokens
   length,      // the cache is full: one more token would not fit
+  cancelled,   // GenerateOptions::cancel became true
 };
-const char* finish_reason_name(FinishReason r);  // "eos", "stop", "max_tokens", "length"
+const char* finish_reason_name(FinishReason r);  // "eos", "stop", "max_tokens", "length", "cancelled"
 
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated ids: no end token; on `stop`, up to the one completing the stop string

@@ -16,6 +16,7 @@ const char* finish_reason_name(FinishReason r) {
     case FinishReason::stop: return "stop";
     case FinishReason::max_tokens: return "max_tokens";
     case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
   }
   return "?";
 }
@@ -279,6 +280,10 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenize
     }
     if (static_cast<int64_t>(r.tokens.size()) >= options.max_tokens) {
       r.finish = FinishReason::max_tokens;
+      break;
+    }
+    if (options.cancel && options.cancel->load(std::memory_order_relaxed)) {
+      r.finish = FinishReason::cancelled;
       break;
     }
     try {

@@ -38,4 +38,23 @@ inline RunResult run_cli(const std::string& args) {
   return r;
 }
 
+// As run_cli, with `input` as standard input (a chat session, say).
+inline RunResult run_cli_with_input(const std::string& args, const std::string& input) {
+  static int n = 0;
+  auto dir = std::filesystem::temp_directory_path();
+  const std::string tag = std::to_string(getpid()) + "_" + std::to_string(n++);
+  auto in = dir / ("kvgraph_cli_stdin_" + tag), out = dir / ("kvgraph_cli_stdout_" + tag),
+       err = dir / ("kvgraph_cli_stderr_" + tag);
+  std::ofstream(in, std::ios::binary) << input;
+  std::string cmd = std::string(KVGRAPH_CLI) + " " + args + " <" + in.string() + " >" + out.string() + " 2>" +
+                    err.string();
+  int status = std::system(cmd.c_str());
+  RunResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(out);
+  r.err = slurp(err);
+  for (const auto& p : {in, out, err}) std::filesystem::remove(p);
+  return r;
+}
+
 }  // namespace kvgraph::testing

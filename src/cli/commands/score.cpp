@@ -1,5 +1,10 @@
 // kvgraph score / perplexity: negative log-likelihood of token sequences.
+#include <charconv>
 #include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -41,15 +46,79 @@ Scored score_ids(Session& s, const std::vector<int32_t>& ids) {
   return r;
 }
 
-Session make_scoring_session(std::shared_ptr<Model> model, const ModelFlags& f, int32_t len) {
+// `component` names the command in errors ("score", "perplexity").
+Session make_scoring_session(std::shared_ptr<Model> model, const ModelFlags& f, int32_t len, const char* component) {
   SessionOptions so;
   so.capacity = f.capacity > 0 ? f.capacity : len;
   so.max_write = f.chunk;
   so.kv_storage = f.kv_storage(model->device());
   so.all_logits = true;
   so.eager = true;
-  if (len > so.capacity) fail("score", "{} tokens do not fit the cache capacity {}", len, so.capacity);
+  if (len > so.capacity) fail(component, "{} tokens do not fit the cache capacity {}", len, so.capacity);
   return Session(std::move(model), so);
+}
+
+// The whole of a file the user named (`what`: "--ids FILE", "FILE"), with
+// errors under `component`.
+std::string read_input(const std::string& path, const std::string& what, const char* component) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) fail(component, "{}: is a directory, not a file", what);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(component, "{}: cannot open", what);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) fail(component, "{}: cannot read", what);
+  return ss.str();
+}
+
+// A token id of an --ids file and where it stands, for messages.
+struct IdAt {
+  int64_t id;      // -1: not a number, or negative
+  int line, position;  // 1-based; position counts ids within the line
+  std::string text;    // as written (printable ASCII; cut when long)
+};
+
+// Parses an --ids file: ids separated by whitespace or commas. Anything but
+// printable ASCII is refused before any of it is echoed in a message.
+std::vector<IdAt> parse_ids_file(const std::string& text, const std::string& path) {
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    const bool space = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+    if (c >= 0x80)
+      fail("score", "--ids {}: byte 0x{:02x} at offset {} is not ASCII: expected token ids separated by spaces, commas "
+           "or newlines", path, c, i);
+    if ((c < 0x20 && !space) || c == 0x7f)
+      fail("score", "--ids {}: not a text file (byte 0x{:02x} at offset {})", path, c, i);
+  }
+  std::vector<IdAt> ids;
+  int line = 1, position = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+      position = 0;
+    }
+    if (c == ',' || std::isspace(static_cast<unsigned char>(c))) {
+      ++i;
+      continue;
+    }
+    size_t e = i;
+    while (e < text.size() && text[e] != ',' && !std::isspace(static_cast<unsigned char>(text[e]))) ++e;
+    const std::string_view t(text.data() + i, e - i);
+    IdAt at{-1, line, ++position, std::string(t.substr(0, 40)) + (t.size() > 40 ? "..." : "")};
+    if (t.front() != '-' && t.front() != '+') {
+      int64_t v = 0;
+      auto [end, err] = std::from_chars(t.data(), t.data() + t.size(), v);
+      if (end == t.data() + t.size()) at.id = err == std::errc::result_out_of_range ? INT64_MAX : v;
+    }
+    if (at.id < 0)
+      fail("score", "{} line {}, position {}: \"{}\" is not a token id{}", path, at.line, at.position, at.text,
+           t.front() == '-' ? " (negative)" : "");
+    ids.push_back(std::move(at));
+    i = e;
+  }
+  return ids;
 }
 
 struct ScoreFlags {
@@ -59,10 +128,18 @@ struct ScoreFlags {
 
 void run_score(const ScoreFlags& f) {
   f.m.check();
-  auto ids = parse_ids(read_file(f.ids_file, "--ids"), "--ids");
-  if (ids.empty()) fail("score", "--ids {}: no token ids", f.ids_file);
+  const auto parsed = parse_ids_file(read_input(f.ids_file, "--ids " + f.ids_file, "score"), f.ids_file);
+  if (parsed.empty()) fail("score", "--ids {}: no token ids", f.ids_file);
   auto model = load_model(f.m);
-  Session s = make_scoring_session(model, f.m, static_cast<int32_t>(ids.size()));
+  const int64_t vocab = model->config().vocab_size;
+  std::vector<int32_t> ids;
+  for (const IdAt& at : parsed) {
+    if (at.id >= vocab)
+      fail("score", "{} line {}, position {}: token id {} is out of range: the model's vocabulary has {} ids (0..{})",
+           f.ids_file, at.line, at.position, at.text, vocab, vocab - 1);
+    ids.push_back(static_cast<int32_t>(at.id));
+  }
+  Session s = make_scoring_session(model, f.m, static_cast<int32_t>(ids.size()), "score");
   Scored r = score_ids(s, ids);
   double total = 0;
   for (size_t i = 1; i < r.nll.size(); ++i) total += r.nll[i];
@@ -85,9 +162,14 @@ struct PerplexityFlags {
 void run_perplexity(const PerplexityFlags& f) {
   f.m.check();
   check_at_least("--ctx", f.ctx, 2);
-  std::string text = read_file(f.file, "perplexity");
+  if (f.m.capacity > 0 && f.ctx > f.m.capacity)
+    usage_fail("--ctx {}: a window does not fit --capacity {} (raise --capacity, or leave it out)", f.ctx, f.m.capacity);
+  std::string text = read_input(f.file, f.file, "perplexity");
   auto model = load_model(f.m);
-  auto tok = load_tokenizer(*model, true);
+  auto tok = load_tokenizer(*model, false);
+  if (!tok)
+    fail("perplexity", "no tokenizer.json in {}: the text cannot be tokenized (score --ids takes token ids)",
+         model->dir().empty() ? std::string("this model") : model->dir().string());
   // Token stream: each entry encoded with its special prefix (BOS), then EOS.
   std::vector<std::string> entries;
   if (f.separator.empty()) {
@@ -120,7 +202,7 @@ void run_perplexity(const PerplexityFlags& f) {
   }
   const size_t n_chunks = stream.size() / f.ctx;
   if (n_chunks == 0) fail("perplexity", "{}: {} tokens, fewer than one --ctx window of {}", f.file, stream.size(), f.ctx);
-  Session s = make_scoring_session(model, f.m, f.ctx);
+  Session s = make_scoring_session(model, f.m, f.ctx, "perplexity");
   double total = 0;
   size_t count = 0;
   auto t0 = std::chrono::steady_clock::now();
