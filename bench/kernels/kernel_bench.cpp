@@ -3,7 +3,7 @@
 // tests (GemvBandwidthReport, DecodeBandwidthReport, the bandwidth probes)
 // and moved here so the GPU suite runs end to end under compute-sanitizer.
 //
-//   kvgraph_kernel_bench [bandwidth] [gemv] [attention]   (default: all three)
+//   kvgraph_kernel_bench [bandwidth] [gemv] [qgemv] [attention]   (default: all)
 //
 // Every line names the shape, the time per launch and the bandwidth it
 // reaches; gemv lines also give the fraction of the streaming-read probe
@@ -101,6 +101,81 @@ void gemv_report() {
   }
 }
 
+// Quantized GEMVs (T = 1, affine groups, bf16 scales and biases): time per
+// launch and the bandwidth of the bytes read (words + scales + biases), as a
+// fraction of the streaming-read probe.
+void qgemv_report() {
+  const double read_gbs = measure_read_bandwidth_gbs();
+  struct Shape {
+    const char* name;
+    int N, K;
+  };
+  const Shape shapes[] = {{"llama1b.qkv 3072x2048", 3072, 2048},       {"llama1b.gate_up 16384x2048", 16384, 2048},
+                          {"llama1b.down 2048x8192", 2048, 8192},      {"llama1b.lm_head 128256x2048", 128256, 2048},
+                          {"llama8b.qkv 6144x4096", 6144, 4096},       {"llama8b.o 4096x4096", 4096, 4096},
+                          {"llama8b.gate_up 28672x4096", 28672, 4096}, {"llama8b.down 4096x14336", 4096, 14336},
+                          {"llama8b.lm_head 128256x4096", 128256, 4096}};
+  const std::pair<GemvShape, const char*> variants[] = {
+      {GemvShape::automatic, "auto"}, {GemvShape::block2, "block2"}, {GemvShape::warp2, "warp2"},
+      {GemvShape::warp4, "warp4"}};
+  CudaStream s;
+  CudaEvent e0, e1;
+  for (int bits : {4, 8}) {
+    const int group = 64;
+    for (const Shape& sh : shapes) {
+      const size_t wbytes = size_t(sh.N) * sh.K * bits / 8, sbytes = size_t(sh.N) * (sh.K / group) * 2;
+      const size_t bytes = wbytes + 2 * sbytes;
+      const int copies = std::max<int>(1, int((200ull << 20) / bytes) + 1);
+      std::vector<DeviceBuffer> w, sc, bi;
+      for (int c = 0; c < copies; ++c) {
+        w.emplace_back(wbytes);
+        sc.emplace_back(sbytes);
+        bi.emplace_back(sbytes);
+        fill(w.back(), 0x5a);
+        fill(sc.back(), 0x3c);
+        fill(bi.back(), 0xbc);
+      }
+      DeviceBuffer x(size_t(sh.K) * 4), out(size_t(sh.N) * 4);
+      fill(x, 0x3c);
+      std::string line;
+      double auto_gbs = 0;
+      for (const auto& [variant, vname] : variants) {
+        LinearParams p;
+        p.shape = variant;
+        p.x = x.as<float>();
+        p.w_dtype = DType::BF16;
+        p.qbits = bits;
+        p.group = group;
+        p.out = out.as<float>();
+        p.N = sh.N;
+        p.K = sh.K;
+        auto point = [&](int c) {
+          p.w = w[c].data();
+          p.scales = sc[c].data();
+          p.biases = bi[c].data();
+        };
+        const int iters = 60;
+        point(0);
+        for (int i = 0; i < 5; ++i) linear(p, nullptr, s.get());
+        e0.record(s.get());
+        for (int i = 0; i < iters; ++i) {
+          point(i % copies);
+          linear(p, nullptr, s.get());
+        }
+        e1.record(s.get());
+        e1.synchronize();
+        const double us = 1e3 * CudaEvent::elapsed_ms(e0, e1) / iters;
+        if (variant == GemvShape::automatic) auto_gbs = double(bytes) / (us * 1e-6) / 1e9;
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " %s %.1f", vname, us);
+        line += buf;
+      }
+      std::printf("[qgemv int%d g%d] %-28s %5.1f%% of %.0f GB/s (auto, %.1f MB read) | us:%s\n", bits, group, sh.name,
+                  100.0 * auto_gbs / read_gbs, read_gbs, bytes / 1e6, line.c_str());
+    }
+  }
+}
+
 // Decode attention (T = 1, bf16 pools) at long contexts and at the bench's
 // context with several chunk floors: achieved K+V read bandwidth.
 void attention_report() {
@@ -168,7 +243,7 @@ void attention_report() {
 int main(int argc, char** argv) {
   using namespace kvgraph::cuda;
   std::vector<std::string> what(argv + 1, argv + argc);
-  if (what.empty()) what = {"bandwidth", "gemv", "attention"};
+  if (what.empty()) what = {"bandwidth", "gemv", "qgemv", "attention"};
   try {
     if (device_count() == 0) {
       std::fprintf(stderr, "kvgraph_kernel_bench: error: no CUDA device\n");
@@ -177,9 +252,10 @@ int main(int argc, char** argv) {
     for (const std::string& w : what) {
       if (w == "bandwidth") bandwidth_report();
       else if (w == "gemv") gemv_report();
+      else if (w == "qgemv") qgemv_report();
       else if (w == "attention") attention_report();
       else {
-        std::fprintf(stderr, "kvgraph_kernel_bench: error: unknown report \"%s\": expected bandwidth, gemv or attention\n",
+        std::fprintf(stderr, "kvgraph_kernel_bench: error: unknown report \"%s\": expected bandwidth, gemv, qgemv or attention\n",
                      w.c_str());
         return 2;
       }

@@ -145,6 +145,16 @@ struct LinearParams {
   const float* norm = nullptr;   // f32 [K]
   float norm_eps = 1e-6f;
   bool norm_plus_one = false;
+  // Affine-quantized weights (qbits 4 or 8; 0: plain w_dtype weights), MLX's
+  // "affine" layout: w is uint32 [N, K * qbits / 32], element k of a row in
+  // bits (k % (32 / qbits)) * qbits of word k / (32 / qbits) (low bits first),
+  // and w[n][k] = scales[n][k / group] * q + biases[n][k / group] with scales
+  // and biases in w_dtype [N, K / group] (bias, if any, also w_dtype).
+  // group: 32, 64 or 128; K % group == 0.
+  int qbits = 0;
+  int group = 0;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
 };
 
 // Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.

@@ -5,6 +5,7 @@
 //   T  > 1: (norm into scratch,) cuBLAS GEMM, then a small epilogue kernel.
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -303,6 +304,236 @@ void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Launch stream) {
   }
 }
 
+// ---------------------------------------------------------------- quantized weights, T == 1
+
+// 2^23 as a float: for 0 <= v < 2^23, as_float(0x4B000000 | v) == 2^23 + v
+// exactly, so subtracting it gives v as a float in one FADD (no I2F).
+constexpr uint32_t kMagic = 0x4B000000u;
+constexpr float kMagicF = 8388608.f;
+__device__ __forceinline__ float magic(uint32_t bits) { return __uint_as_float(bits | kMagic) - kMagicF; }
+
+// dot(q, x) for the 32 (4-bit) or 16 (8-bit) quantized values of one 16-byte
+// vector, x: the matching f32 values (h, registers). Each value is converted
+// in place where its bits already lie below bit 23 (one LOP3 + one FADD:
+// q * 2^shift exactly) and its product accumulated by shift class, each class
+// rescaled by an exact power of two at the end: a plain sum of q * x products.
+template <int kBits>
+__device__ __forceinline__ float qdot16(uint4 w, const float* x) {
+  const uint32_t wd[4] = {w.x, w.y, w.z, w.w};
+  if constexpr (kBits == 4) {
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f, a4 = 0.f;  // scales 1, 16, 256, 4096, 65536
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t v = wd[i], hi = v >> 20;  // nibbles 5..7 at bits 0..11
+      const float* xi = x + 8 * i;
+      a0 = fmaf(magic(v & 0xFu), xi[0], a0);
+      a1 = fmaf(magic(v & 0xF0u), xi[1], a1);
+      a2 = fmaf(magic(v & 0xF00u), xi[2], a2);
+      a3 = fmaf(magic(v & 0xF000u), xi[3], a3);
+      a4 = fmaf(magic(v & 0xF0000u), xi[4], a4);
+      a0 = fmaf(magic(hi & 0xFu), xi[5], a0);
+      a1 = fmaf(magic(hi & 0xF0u), xi[6], a1);
+      a2 = fmaf(magic(hi & 0xF00u), xi[7], a2);
+    }
+    return a0 + a1 * (1.f / 16) + a2 * (1.f / 256) + a3 * (1.f / 4096) + a4 * (1.f / 65536);
+  } else {
+    // Bytes 2 and 3 are shifted down first: q * 2^16 can pass 2^23.
+    float a0 = 0.f, a1 = 0.f;  // scales 1, 256
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint32_t v = wd[i], hi = v >> 16;
+      const float* xi = x + 4 * i;
+      a0 = fmaf(magic(v & 0xFFu), xi[0], a0);
+      a1 = fmaf(magic(v & 0xFF00u), xi[1], a1);
+      a0 = fmaf(magic(hi & 0xFFu), xi[2], a0);
+      a1 = fmaf(magic(hi & 0xFF00u), xi[3], a1);
+    }
+    return a0 + a1 * (1.f / 256);
+  }
+}
+
+// A constant (weights, scales) as f32 through the read-only path: never
+// something an earlier kernel wrote (see dot16 on PDL).
+__device__ __forceinline__ float load_const(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float load_const(const detail::bf16* p) {
+  return __uint_as_float(uint32_t(__ldg(reinterpret_cast<const unsigned short*>(p))) << 16);
+}
+
+template <typename S>
+struct QGemvArgs {
+  const uint32_t* w;  // [N, K * kBits / 32]
+  const S* scales;    // [N, K / group]
+  const S* biases;    // [N, K / group]
+  int group;
+  GemvArgs<S> e;      // x, bias (S), residual, out, N, K, gate, norm: as the plain GEMV (e.w unused)
+};
+
+// The plain GEMV's structure (gemv_kernel) on quantized rows: per 16-byte
+// vector (one group or part of one, as group >= 32 >= values per vector) the
+// row's scale s and bias b give s * dot(q, h) + b * sum(h), sum(h) shared by
+// the rows of a group of threads. Weights, scales and biases are constants:
+// their first loads are issued before the PDL wait.
+template <typename S, int kBits, int kTPR, int kUnroll, bool kNorm, int kRows>
+__global__ void __launch_bounds__(kBlock) qgemv_kernel(QGemvArgs<S> a) {
+  constexpr int kVE = 128 / kBits;  // values per 16-byte vector: 32 or 16
+  constexpr int kGroups = kBlock / kTPR;
+  const GemvArgs<S>& e = a.e;
+  const int group = threadIdx.x / kTPR, tig = threadIdx.x % kTPR;
+  const int n0 = (blockIdx.x * kGroups + group) * kRows;
+  const int nvec = e.K / kVE;
+  const int ngroups = e.K / a.group;
+  const int vpg = a.group / kVE;  // vectors per quantization group
+  const uint4* wr[kRows];
+  const S* sr[kRows];
+  const S* br[kRows];
+  bool ok[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    ok[r] = n0 + r < e.N;
+    const size_t row = ok[r] ? n0 + r : 0;
+    wr[r] = reinterpret_cast<const uint4*>(a.w) + row * nvec;
+    sr[r] = a.scales + row * ngroups;
+    br[r] = a.biases + row * ngroups;
+  }
+  const uint64_t pol = evict_first_policy();
+  detail::griddep_launch_dependents();
+
+  float acc[kRows], ss = 0.f;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+  bool waited = false;
+  for (int base = 0; base < nvec; base += kTPR * kUnroll) {
+    uint4 wv[kRows][kUnroll];
+    float sv[kRows][kUnroll], bv[kRows][kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = base + u * kTPR + tig;
+      const bool in = vi < nvec;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const bool live = ok[r] && in;
+        wv[r][u] = live ? ld_weights(wr[r] + vi, pol) : make_uint4(0, 0, 0, 0);
+        sv[r][u] = live ? load_const(sr[r] + vi / vpg) : 0.f;
+        bv[r][u] = live ? load_const(br[r] + vi / vpg) : 0.f;
+      }
+    }
+    if (!waited) {
+      detail::griddep_wait();
+      waited = true;
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = base + u * kTPR + tig;
+      if (vi < nvec) {
+        float h[kVE];
+        if constexpr (kNorm) {
+          ss = load_normed(e.x + size_t(vi) * kVE, e.norm + size_t(vi) * kVE, e.norm_add, h, ss);
+        } else {
+#pragma unroll
+          for (int i = 0; i < kVE; i += 4) {  // x: plain loads (written by the previous kernel)
+            const float4 xv = *reinterpret_cast<const float4*>(e.x + size_t(vi) * kVE + i);
+            h[i] = xv.x;
+            h[i + 1] = xv.y;
+            h[i + 2] = xv.z;
+            h[i + 3] = xv.w;
+          }
+        }
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < kVE; ++i) sum += h[i];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+          acc[r] = fmaf(sv[r][u], qdot16<kBits>(wv[r][u], h), fmaf(bv[r][u], sum, acc[r]));
+      }
+    }
+  }
+  if (!waited) detail::griddep_wait();
+
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = detail::warp_sum(acc[r]);
+  if constexpr (kNorm) ss = detail::warp_sum(ss);
+  if constexpr (kTPR > 32) {
+    constexpr int kWarps = kTPR / 32;
+    __shared__ float red[kBlock / 32][kRows + 1];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) red[warp][r] = acc[r];
+      red[warp][kRows] = ss;
+    }
+    __syncthreads();
+    if (tig != 0) return;
+#pragma unroll
+    for (int r = 0; r <= kRows; ++r) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) t += red[group * kWarps + w][r];  // fixed order: deterministic
+      if (r < kRows) acc[r] = t; else ss = t;
+    }
+  } else {
+    if (tig != 0) return;
+  }
+  if constexpr (kNorm) {
+    const float inv = rsqrtf(ss / e.K + e.norm_eps);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] *= inv;
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; r += 2) gemv_epilogue(e, n0 + r, acc[r], acc[r + 1]);
+}
+
+template <typename S, int kBits, bool kNorm>
+void launch_qgemv(const QGemvArgs<S>& a, GemvShape shape, Launch stream) {
+  constexpr int kVE = 128 / kBits;
+  const int nvec = a.e.K / kVE;
+  const int pairs = (a.e.N + 1) / 2;
+  if (shape == GemvShape::automatic) {
+    // kvgraph_kernel_bench qgemv on the H200 (2026-12-03, g64): a block per
+    // pair of long rows (int4 K >= 8192, int8 K >= 4096); shorter int4 rows
+    // share x over four rows a warp, int8 over two.
+    if (nvec >= 2 * kBlock)
+      shape = GemvShape::block2;
+    else
+      shape = kBits == 4 ? GemvShape::warp4 : GemvShape::warp2;
+  }
+  switch (shape) {
+    case GemvShape::block2:
+      launch(qgemv_kernel<S, kBits, kBlock, 2, kNorm, 2>, dim3(pairs), dim3(kBlock), 0, stream, a);
+      break;
+    case GemvShape::warp4:
+      launch(qgemv_kernel<S, kBits, 32, 2, kNorm, 4>, dim3(ceil_div(a.e.N, 4 * (kBlock / 32))), dim3(kBlock), 0,
+             stream, a);
+      break;
+    default:
+      launch(qgemv_kernel<S, kBits, 32, 4, kNorm, 2>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
+      break;
+  }
+}
+
+// T > 1: rows [n0, n0 + rows) of quantized weights dequantised to bf16 [rows, K]
+// (round to nearest even of fmaf(s, q, b)), one thread per 32-bit word.
+template <typename S, int kBits>
+__global__ void dequant_rows_kernel(const uint32_t* w, const S* scales, const S* biases, int group, int K, int64_t n0,
+                                    int rows, detail::bf16* out) {
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  constexpr int kPer = 32 / kBits;
+  const int64_t words_per_row = K / kPer;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= words_per_row * rows) return;
+  const int64_t r = i / words_per_row, c = i % words_per_row;
+  const int64_t row = n0 + r;
+  const uint32_t v = w[row * words_per_row + c];
+  const int k0 = static_cast<int>(c * kPer);
+  const int g = k0 / group;
+  const float s = detail::to_f32(scales[row * (K / group) + g]), b = detail::to_f32(biases[row * (K / group) + g]);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const float q = static_cast<float>((v >> (j * kBits)) & ((1u << kBits) - 1));
+    out[r * K + k0 + j] = detail::from_f32<detail::bf16>(fmaf(s, q, b));
+  }
+}
+
 // ---------------------------------------------------------------- T > 1 helpers
 
 __global__ void to_bf16_kernel(const float* x, uint16_t* y, int64_t n) {
@@ -378,6 +609,7 @@ struct GemmContext::Impl {
   DeviceBuffer x_bf16;  // bf16 [T, K]
   DeviceBuffer x_norm;  // f32 [T, K] (f32 weights with a norm prologue)
   DeviceBuffer y;       // f32 [T, N] (gated epilogue)
+  DeviceBuffer w_bf16;  // bf16 [rows, K]: a slab of dequantised weights (quantized T > 1)
 
   // Grows `buf` to `bytes`; not allowed while the stream is being captured.
   static void ensure(DeviceBuffer& buf, size_t bytes, Launch stream) {
@@ -415,23 +647,55 @@ void GemmContext::reserve(int64_t max_tokens, int64_t max_dim) {
 
 // ---------------------------------------------------------------- linear
 
+namespace {
+
+void check_quantized(const LinearParams& p) {
+  if (p.qbits != 4 && p.qbits != 8) fail_op("linear", "quantized weights: bits must be 4 or 8, got " + std::to_string(p.qbits));
+  if (p.group != 32 && p.group != 64 && p.group != 128)
+    fail_op("linear", "quantized weights: group size must be 32, 64 or 128, got " + std::to_string(p.group));
+  if (p.K % p.group) fail_op("linear", "quantized weights: K is not a multiple of the group size");
+  if (!p.scales || !p.biases) fail_op("linear", "quantized weights need scales and biases");
+  if (reinterpret_cast<uintptr_t>(p.w) % 16 || reinterpret_cast<uintptr_t>(p.x) % 16 ||
+      (p.norm && reinterpret_cast<uintptr_t>(p.norm) % 16))
+    fail_op("linear", "quantized weights: w, x and norm must be 16-byte aligned");
+}
+
+// Rows of a slab of dequantised weights: at most 32M values (64 MB of bf16).
+int slab_rows(int N, int K) {
+  const int64_t rows = std::max<int64_t>(256, (int64_t{32} << 20) / K);
+  return static_cast<int>(std::min<int64_t>(rows, N));
+}
+
+}  // namespace
+
 void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
   if (p.T < 1 || p.N < 1 || p.K < 1) fail_op("linear", "bad shape");
   if (!p.x || !p.w || !p.out) fail_op("linear", "null pointer");
   if (p.gated && (p.N % 2 || p.residual))
     fail_op("linear", "a gated linear needs an even N and no residual");
+  if (p.qbits) check_quantized(p);
 
   const float norm_add = p.norm_plus_one ? 1.0f : 0.0f;
 
+  // W: the weights' float type; for quantized weights, that of their scales,
+  // biases and bias.
   dispatch_weight(p.w_dtype, "linear", [&](auto tag) {
     using W = decltype(tag);
     if (p.T == 1) {
       GemvArgs<W> a{static_cast<const W*>(p.w), p.x, static_cast<const W*>(p.bias), p.residual, p.out,
                     p.N, p.K, p.gated, p.act, p.norm, norm_add, p.norm_eps};
-      if (p.norm)
+      if (p.qbits) {
+        QGemvArgs<W> q{static_cast<const uint32_t*>(p.w), static_cast<const W*>(p.scales),
+                       static_cast<const W*>(p.biases), p.group, a};
+        if (p.qbits == 4)
+          p.norm ? launch_qgemv<W, 4, true>(q, p.shape, stream) : launch_qgemv<W, 4, false>(q, p.shape, stream);
+        else
+          p.norm ? launch_qgemv<W, 8, true>(q, p.shape, stream) : launch_qgemv<W, 8, false>(q, p.shape, stream);
+      } else if (p.norm) {
         launch_gemv<W, true>(a, p.shape, stream);
-      else
+      } else {
         launch_gemv<W, false>(a, p.shape, stream);
+      }
       return;
     }
     if (!gemm) fail_op("linear", "T > 1 needs a GemmContext");
@@ -441,7 +705,7 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
 
     const void* B = p.x;
     cudaDataType_t ab_type = CUDA_R_32F;
-    if constexpr (sizeof(W) == 2) {  // bf16 weights: x (normalised) rounded to bf16 for a tensor-core GEMM
+    if (sizeof(W) == 2 || p.qbits) {  // bf16 (or dequantised) weights: x (normalised) rounded to bf16 for a tensor-core GEMM
       GemmContext::Impl::ensure(g.x_bf16, size_t(TK) * 2, stream);
       if (p.norm)
         launch(norm_rows_kernel<detail::bf16>, dim3(p.T), dim3(norm_rows_threads(p.K)), 0, stream, p.x, p.norm,
@@ -470,10 +734,31 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
     KVGRAPH_CUBLAS_CHECK(cublasSetStream(g.handle, stream));
     // cublasSetStream resets the workspace: set ours again (graph-safe).
     KVGRAPH_CUBLAS_CHECK(cublasSetWorkspace(g.handle, g.workspace.data(), g.workspace.bytes()));
-    // Row-major out[T, N] = x[T, K] w[N, K]^T is column-major out^T = w^T x^T.
-    KVGRAPH_CUBLAS_CHECK(cublasGemmEx(g.handle, CUBLAS_OP_T, CUBLAS_OP_N, p.N, p.T, p.K, &alpha, p.w, ab_type, p.K,
-                                      B, ab_type, p.K, &beta, C, CUDA_R_32F, p.N, CUBLAS_COMPUTE_32F,
-                                      CUBLAS_GEMM_DEFAULT));
+    // Row-major out[T, N] = x[T, K] w[N, K]^T is column-major out^T = w^T x^T;
+    // quantized weights go slab by slab of rows, each dequantised to bf16 first.
+    const int rows = p.qbits ? slab_rows(p.N, p.K) : p.N;
+    if (p.qbits) GemmContext::Impl::ensure(g.w_bf16, size_t(rows) * p.K * 2, stream);
+    for (int n0 = 0; n0 < p.N; n0 += rows) {
+      const int nr = std::min(rows, p.N - n0);
+      const void* A = p.w;
+      if (p.qbits) {
+        const int64_t words = int64_t(nr) * p.K * p.qbits / 32;
+        auto* slab = g.w_bf16.as<detail::bf16>();
+        const auto* qw = static_cast<const uint32_t*>(p.w);
+        const auto* sc = static_cast<const W*>(p.scales);
+        const auto* bi = static_cast<const W*>(p.biases);
+        if (p.qbits == 4)
+          launch(dequant_rows_kernel<W, 4>, dim3(ceil_div(words, 256)), dim3(256), 0, stream, qw, sc, bi, p.group,
+                 p.K, int64_t(n0), nr, slab);
+        else
+          launch(dequant_rows_kernel<W, 8>, dim3(ceil_div(words, 256)), dim3(256), 0, stream, qw, sc, bi, p.group,
+                 p.K, int64_t(n0), nr, slab);
+        A = slab;
+      }
+      KVGRAPH_CUBLAS_CHECK(cublasGemmEx(g.handle, CUBLAS_OP_T, CUBLAS_OP_N, nr, p.T, p.K, &alpha, A, ab_type, p.K, B,
+                                        ab_type, p.K, &beta, C + n0, CUDA_R_32F, p.N, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+    }
     const W* bias = static_cast<const W*>(p.bias);
     if (gated) {
       launch(gate_kernel<W>, dim3(ceil_div(TN / 2, 256)), dim3(256), 0, stream, static_cast<const float*>(C), bias,
