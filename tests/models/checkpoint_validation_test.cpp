@@ -1,0 +1,207 @@
+// A checkpoint that does not match its config, or a config that makes no
+// sense, fails at load with one message that says what is wrong, before any
+// weight is read: never a silent model, a misleading message or minutes of
+// work first (issue 12).
+#include <sys/resource.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "kvgraph/error.h"
+#include "kvgraph/model.h"
+#include "kvgraph/safetensors.h"
+#include "kvgraph/tokenizer.h"
+#include "models/family.h"
+#include "support/files.h"
+#include "support/fixtures.h"
+#include "support/run.h"
+#include "support/temp_dir.h"
+
+using namespace kvgraph;
+using namespace kvgraph::testing;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+// One stored tensor: its header entry without offsets, and its bytes.
+struct Stored {
+  std::string name;
+  json entry;  // {"dtype", "shape"}
+  std::string bytes;
+};
+
+std::vector<Stored> read_tensors(const fs::path& file) {
+  const SafetensorsParts parts = read_safetensors(file);
+  std::vector<Stored> out;
+  for (auto it = parts.header.begin(); it != parts.header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const auto begin = it.value()["data_offsets"][0].get<size_t>(), end = it.value()["data_offsets"][1].get<size_t>();
+    out.push_back({it.key(), {{"dtype", it.value()["dtype"]}, {"shape", it.value()["shape"]}},
+                   parts.data.substr(begin, end - begin)});
+  }
+  return out;
+}
+
+// Writes the header by hand, so a name may appear twice (a JSON object cannot hold that).
+void write_tensors(const fs::path& file, const std::vector<Stored>& tensors) {
+  std::string header = "{", data;
+  for (const Stored& t : tensors) {
+    json e = t.entry;
+    e["data_offsets"] = {data.size(), data.size() + t.bytes.size()};
+    header += (header.size() > 1 ? "," : "") + json(t.name).dump() + ":" + e.dump();
+    data += t.bytes;
+  }
+  write_bytes(file, safetensors_bytes(header + "}", data));
+}
+
+// A copy of a model directory (a fixture or the embedded model) that a test may change.
+fs::path copy_model(const fs::path& src, const TempDir& dir) {
+  const fs::path dst = dir.path() / "model";
+  fs::copy(src, dst, fs::copy_options::recursive);
+  return dst;
+}
+
+void edit_config(const fs::path& dir, const std::function<void(json&)>& edit) {
+  json c = json::parse(read_file(dir / "config.json"));
+  edit(c);
+  std::ofstream(dir / "config.json") << c.dump(2);
+}
+
+std::string load_error(const fs::path& dir, int* progress_calls = nullptr) {
+  try {
+    Model::load(dir, Device::CPU, [&](size_t, size_t) {
+      if (progress_calls) ++*progress_calls;
+    });
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string config_error(const std::string& text) {
+  try {
+    parse_model_config(text);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+fs::path default_model() { return fs::path(KVGRAPH_SOURCE_DIR) / "models" / "default"; }
+
+// One past the largest id in tokenizer.json's model vocabulary and added
+// tokens, read straight from the JSON (not through kvgraph's tokenizer).
+int32_t tokenizer_json_size(const fs::path& file) {
+  const json t = json::parse(read_file(file));
+  int32_t n = 0;
+  for (const auto& [token, id] : t["model"]["vocab"].items()) n = std::max(n, id.get<int32_t>() + 1);
+  for (const json& a : t["added_tokens"]) n = std::max(n, a["id"].get<int32_t>() + 1);
+  return n;
+}
+
+}  // namespace
+
+// ------------------------------------------------ finding 2: windows and families
+
+TEST(SlidingWindow, AWindowOfZeroOrLessForSlidingLayersIsAnErrorNamingIt) {
+  for (const char* cfg : {R"({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": 0})",
+                          R"({"model_type": "gemma2", "num_hidden_layers": 2, "sliding_window": 0})",
+                          R"({"model_type": "gemma3_text", "num_hidden_layers": 2, "sliding_window": 0})",
+                          R"({"model_type": "qwen2", "num_hidden_layers": 2, "use_sliding_window": true,
+                              "max_window_layers": 1, "sliding_window": 0})",
+                          R"({"model_type": "qwen3", "num_hidden_layers": 2, "use_sliding_window": true,
+                              "layer_types": ["full_attention", "sliding_attention"], "sliding_window": 0})"}) {
+    EXPECT_THAT(config_error(cfg), HasSubstr("\"sliding_window\" must be a positive integer")) << cfg;
+    EXPECT_THAT(config_error(cfg), HasSubstr("found 0")) << cfg;
+  }
+  EXPECT_THAT(config_error(R"({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": -4096})"),
+              HasSubstr("\"sliding_window\" must be a positive integer (layer 0 slides), found -4096"));
+}
+
+TEST(SlidingWindow, ANullWindowForLayersThatSlideIsAnError) {
+  // transformers refuses it too ("Could not find a `sliding_window` argument").
+  EXPECT_THAT(config_error(R"({"model_type": "gemma2", "num_hidden_layers": 2, "sliding_window": null})"),
+              HasSubstr("\"sliding_window\" must be a positive integer (layer 0 slides), found null"));
+  EXPECT_THAT(config_error(R"({"model_type": "qwen2", "num_hidden_layers": 2, "use_sliding_window": true,
+      "layer_types": ["full_attention", "sliding_attention"], "sliding_window": null})"),
+              HasSubstr("(layer 1 slides), found null"));
+}
+
+TEST(SlidingWindow, WindowsTransformersIgnoresStayLegal) {
+  // Mistral 7B v0.2+: null is full attention. Qwen2/3 drop the window unless
+  // use_sliding_window, and slide nothing when it is null. Llama never reads it.
+  for (const char* cfg : {R"({"model_type": "mistral", "num_hidden_layers": 2, "sliding_window": null})",
+                          R"({"model_type": "qwen2", "num_hidden_layers": 2, "use_sliding_window": false,
+                              "sliding_window": 0})",
+                          R"({"model_type": "qwen2", "num_hidden_layers": 2, "use_sliding_window": false,
+                              "sliding_window": null, "layer_types": ["sliding_attention", "full_attention"]})",
+                          R"({"model_type": "qwen2", "num_hidden_layers": 2, "use_sliding_window": true,
+                              "sliding_window": null})",
+                          R"({"model_type": "qwen3", "num_hidden_layers": 2, "sliding_window": -1})",
+                          R"({"model_type": "llama", "num_hidden_layers": 2, "sliding_window": 0})"}) {
+    ModelConfig c;
+    ASSERT_NO_THROW(c = parse_model_config(cfg)) << cfg;
+    EXPECT_EQ(c.layer_window, std::vector<int>(2, 0)) << cfg;
+    EXPECT_EQ(c.sliding_window, 0) << cfg;
+  }
+}
+
+TEST(WrongFamily, AGemmaCheckpointReadAsLlamaFails) {
+  // Gemma 2 as Llama is covered in unused_tensors_test.cpp; Gemma 3 adds q/k norms.
+  for (const char* type : {"llama", "mistral", "qwen2", "gemma2"}) {
+    TempDir dir;
+    const fs::path m = copy_model(fixtures_dir() / "gemma3", dir);
+    edit_config(m, [&](json& c) { c["model_type"] = type; });
+    const std::string e = load_error(m);
+    EXPECT_THAT(e, HasSubstr("not used by the model config.json describes")) << type;
+    EXPECT_THAT(e, HasSubstr(type == std::string("gemma2") ? "self_attn.k_norm" : "layernorm")) << type;
+  }
+}
+
+// ------------------------------------------------ finding 4: validate before work
+
+TEST(ValidateFirst, SizesOutsideTheLimitsFailWhileParsing) {
+  struct Case {
+    const char* key;
+    int64_t value;
+  };
+  for (const Case& c : {Case{"num_hidden_layers", 1000000000}, Case{"num_hidden_layers", 1025},
+                        Case{"num_attention_heads", 1025}, Case{"num_key_value_heads", 4096},
+                        Case{"hidden_size", (1 << 17) + 1}, Case{"intermediate_size", (1 << 20) + 1},
+                        Case{"vocab_size", (1 << 24) + 1}, Case{"head_dim", 1026},
+                        Case{"num_hidden_layers", 5000000000}}) {
+    const json cfg = {{"model_type", "llama"}, {c.key, c.value}};
+    const std::string e = config_error(cfg.dump());
+    EXPECT_THAT(e, HasSubstr("\"" + std::string(c.key) + "\" must be at most")) << c.key << " " << c.value;
+    EXPECT_THAT(e, HasSubstr("found " + std::to_string(c.value))) << e;
+  }
+  // A head_dim derived from hidden_size / num_attention_heads is limited too.
+  EXPECT_THAT(config_error(R"({"model_type": "llama", "hidden_size": 8192, "num_attention_heads": 2})"),
+              HasSubstr("head_dim 4096 (\"hidden_size\" / \"num_attention_heads\") is above the limit 1024"));
+  // The largest published shapes are inside them.
+  EXPECT_NO_THROW(parse_model_config(R"({"model_type": "llama", "num_hidden_layers": 126, "hidden_size": 16384,
+      "intermediate_size": 53248, "num_attention_heads": 128, "num_key_value_heads": 8, "vocab_size": 128256})"));
+}
+
+TEST(ValidateFirst, ANumHiddenLayersTypoFailsAtOnceFromTheCli) {
+  // It used to allocate gigabytes of tensor plans (4 s, 3.9 GB) and die of std::bad_alloc.
+  TempDir dir;
+  const fs::path m = copy_model(fixtures_dir() / "llama", dir);
+  edit_config(m, [](json& c) { c["num_hidden_layers"] = 1e9; });
+  const RunResult r = run_cli("generate -m " + m.string() + " --prompt-ids 1 --max-tokens 1");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.err, HasSubstr("kvgraph: error: [config] " + (m / "config.json").string() +
+                               ": \"num_hidden_layers\" must be at most 1024 (the supported limit), found 1000000000"));
+}
