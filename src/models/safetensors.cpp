@@ -161,12 +161,23 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
   }
   const char* hdr = reinterpret_cast<const char*>(file_.data() + 8);
   json header;
+  // A name written twice would keep only its last entry, and the first
+  // one's bytes would then look like a gap: catch it while parsing.
+  std::set<std::string> keys;
+  std::string duplicate;
+  auto on_key = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second &&
+        duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    header = json::parse(hdr, hdr + n);
+    header = json::parse(hdr, hdr + n, on_key);
   } catch (const json::parse_error& e) {
     fail("safetensors", "{}: header is not valid JSON (at byte {} of the header): {}", fname, e.byte, e.what());
   }
   if (!header.is_object()) fail("safetensors", "{}: header is not a JSON object", fname);
+  if (!duplicate.empty()) fail("safetensors", "{}: tensor \"{}\" appears twice in the header", fname, duplicate);
 
   data_section_ = file_.data() + 8 + n;
   data_size_ = size - 8 - static_cast<size_t>(n);
@@ -359,6 +370,18 @@ WeightStore::WeightStore(const std::filesystem::path& model_dir) : dir_(model_di
            shard);
     }
     where_.emplace(it.key(), found->second);
+  }
+  // A tensor stored in two shards: the index picks one, and the other copy
+  // (maybe different values) would be silently ignored.
+  std::map<std::string, size_t> holder;  // tensor name -> the first shard that holds it
+  for (size_t f = 0; f < files_.size(); ++f) {
+    for (const std::string& name : files_[f]->names()) {
+      auto [at, fresh] = holder.emplace(name, f);
+      if (!fresh) {
+        fail("safetensors", "{}: tensor \"{}\" appears in both {} and {}", iname, name,
+             files_[at->second]->path().filename().string(), files_[f]->path().filename().string());
+      }
+    }
   }
 }
 

@@ -170,6 +170,56 @@ TEST(WrongFamily, AGemmaCheckpointReadAsLlamaFails) {
   }
 }
 
+// ------------------------------------------------ finding 3: honest messages
+
+TEST(HonestMessages, AFileGivenForTheModelDirectoryIsNamedAsSuch) {
+  const fs::path dir = fixtures_dir() / "llama";
+  for (const char* file : {"config.json", "model.safetensors"}) {
+    const std::string e = load_error(dir / file);
+    EXPECT_THAT(e, HasSubstr("[model] expected a model directory")) << file;
+    EXPECT_THAT(e, HasSubstr("got the file " + (dir / file).string() + "; pass its directory " + dir.string()));
+    EXPECT_THAT(e, Not(HasSubstr("JSON"))) << e;
+    EXPECT_THAT(e, Not(HasSubstr("header length"))) << e;
+  }
+  EXPECT_THAT(load_error(dir / "absent"), HasSubstr("[model] model directory " + (dir / "absent").string() +
+                                                    " does not exist"));
+}
+
+TEST(HonestMessages, ATensorInTwoShardsIsNamedWithBothShards) {
+  TempDir dir;
+  const fs::path m = dir.path();
+  fs::copy_file(fixtures_dir() / "llama" / "config.json", m / "config.json");
+  const std::vector<Stored> all = read_tensors(fixtures_dir() / "llama" / "model.safetensors");
+  const size_t half = all.size() / 2;
+  std::vector<Stored> a(all.begin(), all.begin() + half), b(all.begin() + half, all.end());
+  b.push_back(all.front());  // also in the second shard
+  write_tensors(m / "a.safetensors", a);
+  write_tensors(m / "b.safetensors", b);
+  json map = json::object();
+  for (const Stored& t : a) map[t.name] = "a.safetensors";
+  for (size_t i = half; i < all.size(); ++i) map[all[i].name] = "b.safetensors";
+  std::ofstream(m / "model.safetensors.index.json") << json({{"weight_map", map}}).dump();
+
+  EXPECT_THAT(load_error(m), HasSubstr("tensor \"" + all.front().name +
+                                       "\" appears in both a.safetensors and b.safetensors"));
+  b.pop_back();  // the same shards without the copy load
+  write_tensors(m / "b.safetensors", b);
+  EXPECT_EQ(load_error(m), "");
+}
+
+TEST(HonestMessages, ATensorTwiceInOneHeaderIsNamedNotReportedAsAGap) {
+  TempDir dir;
+  const fs::path m = copy_model(fixtures_dir() / "llama", dir);
+  std::vector<Stored> all = read_tensors(m / "model.safetensors");
+  all.push_back(all.front());
+  write_tensors(m / "model.safetensors", all);
+  const std::string e = load_error(m);
+  EXPECT_THAT(e, HasSubstr("[safetensors] " + (m / "model.safetensors").string() + ": tensor \"" +
+                           all.front().name + "\" appears twice in the header"));
+  EXPECT_THAT(e, Not(HasSubstr("gap")));
+  EXPECT_THAT(e, Not(HasSubstr("contiguous")));
+}
+
 // ------------------------------------------------ finding 4: validate before work
 
 TEST(ValidateFirst, SizesOutsideTheLimitsFailWhileParsing) {
@@ -204,4 +254,71 @@ TEST(ValidateFirst, ANumHiddenLayersTypoFailsAtOnceFromTheCli) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.err, HasSubstr("kvgraph: error: [config] " + (m / "config.json").string() +
                                ": \"num_hidden_layers\" must be at most 1024 (the supported limit), found 1000000000"));
+}
+
+TEST(ValidateFirst, TheLastTensorIsCheckedBeforeTheFirstIsRead) {
+  // The last tensor the loader makes, with a wrong shape, a non-float dtype,
+  // or missing: the error comes before any weight is read (progress is
+  // reported after each tensor read).
+  const ModelConfig cfg = load_model_config(fixtures_dir() / "llama");
+  const std::string last = plan_weights(cfg, {}).back().parts.back().name;
+  struct Damage {
+    std::function<void(std::vector<Stored>&)> apply;
+    std::string message;
+  };
+  const std::vector<Damage> damages = {
+      {[&](std::vector<Stored>& ts) {
+         for (Stored& t : ts)
+           if (t.name == last) t.entry["shape"] = {t.bytes.size() / 8, 2};
+       },
+       "tensor \"" + last + "\": expected shape"},
+      {[&](std::vector<Stored>& ts) {
+         for (Stored& t : ts)
+           if (t.name == last) t.entry["dtype"] = "I32";
+       },
+       "tensor \"" + last + "\": dtype i32 is not a float type"},
+      {[&](std::vector<Stored>& ts) { std::erase_if(ts, [&](const Stored& t) { return t.name == last; }); },
+       "missing tensor \"" + last + "\""},
+  };
+  for (const Damage& d : damages) {
+    TempDir dir;
+    const fs::path m = copy_model(fixtures_dir() / "llama", dir);
+    std::vector<Stored> ts = read_tensors(m / "model.safetensors");
+    d.apply(ts);
+    write_tensors(m / "model.safetensors", ts);
+    int progress_calls = 0;
+    EXPECT_THAT(load_error(m, &progress_calls), HasSubstr(d.message));
+    EXPECT_EQ(progress_calls, 0) << d.message;
+    EXPECT_THAT([&] { Model::describe(m, Device::CPU); }, ::testing::Throws<Error>()) << d.message;
+  }
+}
+
+TEST(ValidateFirst, DescribeReportsWhatLoadBuilds) {
+  for (const auto& fam : fixture_families()) {
+    for (auto cw : {Model::CpuWeights::f32, Model::CpuWeights::bf16}) {
+      const ModelInfo info = Model::describe(fixtures_dir() / fam, Device::CPU, cw);
+      const auto m = Model::load(fixtures_dir() / fam, Device::CPU, {}, cw);
+      EXPECT_EQ(info.weight_bytes, m->weight_bytes()) << fam;
+      EXPECT_EQ(info.matrix_dtype, m->matrix_dtype()) << fam;
+      EXPECT_EQ(info.config.layer_window, m->config().layer_window) << fam;
+      // Every tensor of the fixtures is read (none has a tied lm_head stored).
+      EXPECT_EQ(info.checkpoint_bytes, read_safetensors(fixtures_dir() / fam / "model.safetensors").data.size()) << fam;
+    }
+  }
+  // The embedded model is stored in bf16: the CPU keeps it in bf16 when asked.
+  const ModelInfo d = Model::describe(default_model(), Device::CPU, Model::CpuWeights::bf16);
+  EXPECT_EQ(d.matrix_dtype, DType::BF16);
+  EXPECT_EQ(d.weight_bytes, Model::load(default_model(), Device::CPU, {}, Model::CpuWeights::bf16)->weight_bytes());
+}
+
+TEST(ValidateFirst, SyntheticSizesComeFromTheConfigAlone) {
+  // Llama 3.2 1B has 1,235,814,400 parameters (tied embeddings), 16 x 2 + 1
+  // norms of 2048 among them; the CPU holds all in f32, CUDA the matrices in bf16.
+  const size_t params = 1235814400, norm_params = (16 * 2 + 1) * 2048;
+  EXPECT_EQ(Model::describe_synthetic("llama3.2-1b", Device::CPU).weight_bytes, params * 4);
+  const ModelInfo cuda = Model::describe_synthetic("llama3.2-1b", Device::CUDA);
+  EXPECT_EQ(cuda.weight_bytes, (params - norm_params) * 2 + norm_params * 4);
+  EXPECT_EQ(cuda.matrix_dtype, DType::BF16);
+  EXPECT_TRUE(cuda.dir.empty());
+  EXPECT_THROW(Model::describe_synthetic("nope", Device::CPU), Error);
 }
