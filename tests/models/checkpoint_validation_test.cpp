@@ -113,6 +113,58 @@ int32_t tokenizer_json_size(const fs::path& file) {
 
 }  // namespace
 
+// ------------------------------------------------ finding 1: tokenizer vs vocab_size
+
+TEST(TokenizerVocab, IdsBeyondTheConfigVocabSizeAreAnErrorNamingBothFilesAndNumbers) {
+  TempDir dir;
+  const fs::path m = copy_model(default_model(), dir);
+  const int32_t n = tokenizer_json_size(m / "tokenizer.json");
+  ASSERT_EQ(n, 4096);
+  edit_config(m, [](json& c) { c["vocab_size"] = 4000; });
+  try {
+    check_vocab(Tokenizer::from_file(m), load_model_config(m));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("[tokenizer] " + (m / "tokenizer.json").string()));
+    EXPECT_THAT(e.what(), HasSubstr("token ids up to 4095"));
+    EXPECT_THAT(e.what(), HasSubstr((m / "config.json").string() + " has vocab_size 4000"));
+  }
+}
+
+TEST(TokenizerVocab, AVocabSizePaddedPastTheTokenizerIsFine) {
+  TempDir dir;
+  const fs::path m = copy_model(default_model(), dir);
+  for (int v : {4096, 4160}) {  // exact, and padded to a multiple of 64 as some exporters do
+    edit_config(m, [&](json& c) { c["vocab_size"] = v; });
+    const Tokenizer t = check_vocab(Tokenizer::from_file(m), load_model_config(m));
+    EXPECT_EQ(t.encode("hello", false), Tokenizer::from_file(m).encode("hello", false)) << v;
+  }
+}
+
+TEST(TokenizerVocab, TheCliRefusesATokenizerFromAnotherModel) {
+  // A consistent 4000-row checkpoint (embedding cut to 4000 rows) with the
+  // 4096-token tokenizer: the tokenizer's ids 4000..4095 have no row.
+  TempDir dir;
+  const fs::path m = copy_model(default_model(), dir);
+  edit_config(m, [](json& c) { c["vocab_size"] = 4000; });
+  std::vector<Stored> tensors = read_tensors(m / "model.safetensors");
+  for (Stored& t : tensors) {
+    if (t.name != "model.embed_tokens.weight") continue;
+    const int64_t cols = t.entry["shape"][1].get<int64_t>();
+    t.bytes.resize(size_t(4000 * cols) * (t.bytes.size() / size_t(4096 * cols)));
+    t.entry["shape"][0] = 4000;
+  }
+  write_tensors(m / "model.safetensors", tensors);
+  ASSERT_EQ(load_error(m), "");  // the checkpoint itself is fine
+
+  const RunResult r = run_cli("generate -m " + m.string() + " hello --max-tokens 2 -q");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("kvgraph: error: [tokenizer] " + (m / "tokenizer.json").string() +
+                               " has token ids up to 4095 but " + (m / "config.json").string() +
+                               " has vocab_size 4000"));
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
 // ------------------------------------------------ finding 2: windows and families
 
 TEST(SlidingWindow, AWindowOfZeroOrLessForSlidingLayersIsAnErrorNamingIt) {
