@@ -374,3 +374,35 @@ TEST(ValidateFirst, SyntheticSizesComeFromTheConfigAlone) {
   EXPECT_TRUE(cuda.dir.empty());
   EXPECT_THROW(Model::describe_synthetic("nope", Device::CPU), Error);
 }
+
+// ------------------------------------------------ finding 5: non-finite weights
+
+TEST(NonFinite, FirstNonFiniteFindsNanAndInfinityInEachFloatType) {
+  auto view = [](DType dt, const void* data, int64_t n) {
+    WeightView v;
+    v.name = "t";
+    v.dtype = dt;
+    v.shape = {n};
+    v.data = static_cast<const std::byte*>(data);
+    v.nbytes = size_t(n) * dtype_size(dt);
+    return v;
+  };
+  std::vector<float> f(10000, 1.5f);
+  EXPECT_EQ(first_non_finite(view(DType::F32, f.data(), 10000)), std::nullopt);
+  f[9000] = -INFINITY;
+  f[9001] = NAN;
+  EXPECT_EQ(first_non_finite(view(DType::F32, f.data(), 10000)), 9000);
+  f[7] = std::numeric_limits<float>::max();  // large but finite
+  EXPECT_EQ(first_non_finite(view(DType::F32, f.data(), 10000)), 9000);
+  // 16-bit values by their bit patterns: bf16 NaN 0x7FC0, +inf 0x7F80; f16 +inf 0x7C00, max 0x7BFF.
+  std::vector<uint16_t> h(5000, 0x3F80);
+  EXPECT_EQ(first_non_finite(view(DType::BF16, h.data(), 5000)), std::nullopt);
+  h[4999] = 0x7FC0;
+  EXPECT_EQ(first_non_finite(view(DType::BF16, h.data(), 5000)), 4999);
+  std::vector<uint16_t> g(100, 0x7BFF);
+  EXPECT_EQ(first_non_finite(view(DType::F16, g.data(), 100)), std::nullopt);
+  g[3] = 0xFC00;  // -inf
+  EXPECT_EQ(first_non_finite(view(DType::F16, g.data(), 100)), 3);
+  const int32_t ints[2] = {0x7F800000, -1};  // integers are never "non-finite"
+  EXPECT_EQ(first_non_finite(view(DType::I32, ints, 2)), std::nullopt);
+}
