@@ -43,6 +43,23 @@ struct Workspace {
 
 using ProgressFn = std::function<void(size_t done_bytes, size_t total_bytes)>;
 
+// What Model::load (or Model::synthetic) would build, worked out from
+// config.json and the safetensors headers alone: the checkpoint's tensor list,
+// shapes and dtypes are checked as load checks them, but no weight is read and
+// nothing is allocated (`kvgraph inspect`).
+struct ModelInfo {
+  ModelConfig config;
+  std::filesystem::path dir;  // empty for a synthetic model
+  Device device = Device::CPU;
+  DType matrix_dtype = DType::F32;  // as Model::matrix_dtype()
+  size_t weight_bytes = 0;          // as Model::weight_bytes()
+  size_t checkpoint_bytes = 0;      // checkpoint bytes those weights are read from (0: synthetic)
+};
+
+// Ring{window, max_write} for sliding layers, Flat{capacity} for the rest; a
+// window that reaches the capacity becomes flat (same semantics).
+CacheConfig cache_config(const ModelConfig& c, Device device, int32_t capacity, int32_t max_write, DType storage);
+
 class Model {
  public:
   // How the CPU stores a bf16 checkpoint's matrices. f32: widened once at
@@ -53,13 +70,22 @@ class Model {
   enum class CpuWeights { automatic, f32, bf16 };
   // Loads config.json and the safetensors weights. Matrices: on CUDA in bf16
   // for bf16/f16 checkpoints, f32 otherwise; on the CPU as `cpu_weights` says.
+  // Throws [model] when `dir` is not a directory, [config] for a config.json
+  // it cannot use, [weights] / [safetensors] for a checkpoint that does not
+  // match the config (every tensor's presence, shape and dtype is checked
+  // before the first weight is read).
   static std::shared_ptr<Model> load(const std::filesystem::path& dir, Device device,
                                      const ProgressFn& progress = {},
                                      CpuWeights cpu_weights = CpuWeights::automatic);
+  // What load would build, with the same checks, without reading a weight.
+  static ModelInfo describe(const std::filesystem::path& dir, Device device,
+                            CpuWeights cpu_weights = CpuWeights::automatic);
   // Random bf16 weights at the real shape of a published model (no files):
   // qwen2.5-0.5b, llama3.2-1b, llama3.1-8b, mistral-7b, gemma3-1b.
   static std::shared_ptr<Model> synthetic(const std::string& name, Device device, uint64_t seed = 1);
   static std::vector<std::string> synthetic_names();
+  // What synthetic would build, without making a weight.
+  static ModelInfo describe_synthetic(const std::string& name, Device device);
 
   const ModelConfig& config() const { return cfg_; }
   Device device() const { return device_; }
@@ -70,8 +96,7 @@ class Model {
   size_t weight_bytes_read_per_token() const;
   const std::filesystem::path& dir() const { return dir_; }
 
-  // Ring{window, max_write} for sliding layers, Flat{capacity} for the rest;
-  // a window that reaches the capacity becomes flat (same semantics).
+  // kvgraph::cache_config of this model's config and device.
   CacheConfig cache_config(int32_t capacity, int32_t max_write, DType storage) const;
   Workspace make_workspace(int max_T, bool all_logits) const;
 

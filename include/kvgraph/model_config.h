@@ -29,9 +29,22 @@ struct RopeConfig {
 // with the scaling of `rope` applied exactly as transformers does.
 std::vector<float> rope_inv_freq(const RopeConfig& rope, int head_dim);
 
+// Largest sizes config.json may ask for: well above every published model
+// (Llama 3.1 405B: 126 layers, 128 heads, hidden 16384, ffn 53248; Gemma 3:
+// head_dim 256, vocab 262208), small enough that every size derived from them
+// fits in 64 bits and every row a kernel indexes in 32, and checked before any
+// work so that a typo fails at once.
+inline constexpr int kMaxLayers = 1024;
+inline constexpr int kMaxHeads = 1024;           // query and key/value heads
+inline constexpr int kMaxHeadDim = 1024;
+inline constexpr int kMaxHiddenSize = 1 << 17;   // 131072
+inline constexpr int kMaxIntermediateSize = 1 << 20;
+inline constexpr int kMaxVocabSize = 1 << 24;    // 16.8M
+
 struct ModelConfig {
   Family family = Family::Llama;
   std::string model_type;  // as in config.json, e.g. "gemma3_text"
+  std::string source;      // where it was read: the config.json path, or "config.json" for parsed text
 
   int vocab_size = 0;
   int hidden_size = 0;
@@ -77,7 +90,8 @@ struct ModelConfig {
 };
 
 // Parses `dir/config.json`. Throws kvgraph::Error("[config] ...") naming the
-// field on missing/invalid values and on an unknown model_type.
+// field on missing/invalid values (sizes outside the limits above included)
+// and on an unknown model_type.
 ModelConfig load_model_config(const std::filesystem::path& dir);
 ModelConfig parse_model_config(const std::string& json_text);
 

@@ -102,12 +102,19 @@ class WeightStore {
   // Also checks the shape: `[weights] tensor "x": expected shape [64, 64], found [64, 32]`.
   WeightView get(std::string_view name, const std::vector<int64_t>& expected_shape) const;
   std::vector<std::string> names() const;  // sorted
+  // The file that holds `name` (throws [weights] when absent).
+  const std::filesystem::path& file_of(std::string_view name) const;
 
  private:
   std::filesystem::path dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t, std::less<>> where_;  // tensor name -> index into files_
 };
+
+// The flat (row-major) index of the first NaN or infinity in a float tensor
+// (F32, BF16, F16); nullopt when every element is finite or the tensor holds
+// integers. Reads the bytes in place, converting nothing.
+std::optional<int64_t> first_non_finite(const WeightView& view);
 
 // Element-wise conversion to f32 (F32, BF16, F16, I32, I64, U8).
 std::vector<float> to_f32(const WeightView& view);

@@ -23,6 +23,8 @@
 
 namespace kvgraph {
 
+struct ModelConfig;
+
 class Tokenizer {
  public:
   // `path` is a tokenizer.json file or a folder holding one. tokenizer_config.json
@@ -64,13 +66,25 @@ class Tokenizer {
   std::span<const int32_t> prefix_special_ids() const;
   std::span<const int32_t> suffix_special_ids() const;
 
+  // The tokenizer.json it was read from; empty when made from_json.
+  const std::filesystem::path& source() const { return source_; }
+
   struct Impl;  // src/tokenizer/tokenizer_impl.h
 
  private:
   friend class StreamDecoder;
   explicit Tokenizer(std::shared_ptr<const Impl> impl);
   std::shared_ptr<const Impl> impl_;
+  std::filesystem::path source_;
 };
+
+// Throws [tokenizer] naming both files and both sizes when `tokenizer` has an
+// id (in its vocabulary or its added tokens) that `config`'s vocab_size has no
+// embedding row for: the tokenizer belongs to another model, and its ids
+// would read past the embedding table. A vocab_size larger than the
+// tokenizer's (rows padded for speed) is fine. Returns `tokenizer`, so a
+// loader can write `return check_vocab(Tokenizer::from_file(p), config);`.
+Tokenizer check_vocab(Tokenizer tokenizer, const ModelConfig& config);
 
 // Decodes a stream of ids one at a time (generation). `step` returns only
 // complete UTF-8: bytes of a character split over several tokens (byte-level

@@ -10,19 +10,23 @@
 
 namespace kvgraph {
 
-CacheConfig Model::cache_config(int32_t capacity, int32_t max_write, DType storage) const {
+CacheConfig cache_config(const ModelConfig& cfg, Device device, int32_t capacity, int32_t max_write, DType storage) {
   if (capacity < 1) fail("model", "cache capacity must be positive, got {}", capacity);
   if (max_write < 1) fail("model", "max_write must be positive, got {}", max_write);
   CacheConfig c;
   c.storage = storage;
-  c.device = device_;
-  for (int l = 0; l < cfg_.num_layers; ++l) {
-    const int w = cfg_.layer_window[l];
+  c.device = device;
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const int w = cfg.layer_window[l];
     CachePolicy p = (w > 0 && w < capacity) ? CachePolicy(Ring{w, std::min(max_write, capacity)})
                                             : CachePolicy(Flat{capacity});
-    c.layers.push_back(LayerSpec{p, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim});
+    c.layers.push_back(LayerSpec{p, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim});
   }
   return c;
+}
+
+CacheConfig Model::cache_config(int32_t capacity, int32_t max_write, DType storage) const {
+  return kvgraph::cache_config(cfg_, device_, capacity, max_write, storage);
 }
 
 void Model::upload_rope() {

@@ -253,4 +253,14 @@ std::vector<TensorPlan> plan_weights(const ModelConfig& c, const CheckpointNames
   return plans;
 }
 
+size_t planned_bytes(const std::vector<TensorPlan>& plans, DType matrix_dtype) {
+  size_t bytes = 0;
+  for (const TensorPlan& p : plans) {
+    size_t n = 1;
+    for (int64_t d : p.shape()) n *= static_cast<size_t>(d);
+    bytes += n * (p.role == Role::norm ? dtype_size(DType::F32) : dtype_size(matrix_dtype));
+  }
+  return bytes;
+}
+
 }  // namespace kvgraph

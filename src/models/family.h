@@ -177,5 +177,8 @@ Weights build_weights(const ModelConfig& c, const CheckpointNames& names,
                       const std::function<Tensor(const TensorPlan&)>& make);
 // The plans build_weights hands to `make`, in the same order.
 std::vector<TensorPlan> plan_weights(const ModelConfig& c, const CheckpointNames& names);
+// Bytes of the Model tensors `plans` make: matrices and biases in
+// `matrix_dtype`, norms in f32 (see Role).
+size_t planned_bytes(const std::vector<TensorPlan>& plans, DType matrix_dtype);
 
 }  // namespace kvgraph

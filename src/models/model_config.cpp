@@ -3,6 +3,7 @@
 // computes them (float32, same operation order).
 #include "kvgraph/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <optional>
@@ -84,6 +85,16 @@ class Reader {
     int i = get_int(key, def);
     if (i <= 0) bad(key, "a positive integer", *find(key));
     return i;
+  }
+  // An integer from 1 to `max` (absent: def, which is in range).
+  int bounded_int(std::string_view key, int def, int64_t max) const {
+    const json* v = find(key);
+    if (v == nullptr) return def;
+    auto i = as_integer(*v);
+    if (!i) bad(key, "an integer", *v);
+    if (*i < 1) bad(key, "a positive integer", *v);
+    if (*i > max) bad(key, fmt::format("at most {} (the supported limit)", max), *v);
+    return static_cast<int>(*i);
   }
   std::optional<double> opt_num(std::string_view key, std::optional<double> def) const {
     const json* v = find(key);
@@ -334,34 +345,47 @@ bool read_switch(const Reader& r, const Switch& s) {
 }
 
 // Per layer: the window W for sliding layers, 0 for full ones (see SlidingRule).
+// As transformers: Llama never reads "sliding_window"; Qwen2/3 drop it unless
+// "use_sliding_window" (and then slide no layer when it is null); Mistral with
+// a null window is full attention. A window that some layer would slide with
+// must be positive: transformers' mask `k > q - W` hides every key, the
+// query's own included, when W <= 0, and refuses a null window for sliding
+// layers (Gemma); we never read it as "no window".
 void parse_windows(const Reader& r, const FamilySchema& fs, ModelConfig& cfg) {
   const SlidingRule& rule = fs.sliding;
-  cfg.layer_window.assign(cfg.num_layers, 0);
-  // 0: no window (absent per the family default, null, or switched off).
-  int window = r.opt_int("sliding_window", fs.defaults.sliding_window).value_or(0);
-  if (window < 0) r.bad("sliding_window", "a positive integer or null", *r.find("sliding_window"));
-  if (rule.layers == SlidingRule::Layers::none) window = 0;
-  if (!rule.gate_key.empty() && !r.get_bool(rule.gate_key, false)) window = 0;
-  cfg.sliding_window = window;
-  if (window == 0) {
-    if (rule.layers == SlidingRule::Layers::layer_types) parse_layer_types(r, cfg.num_layers);  // still validated
-    return;
-  }
-  std::vector<bool> sliding(cfg.num_layers, false);
+  const int n_layers = cfg.num_layers;
+  cfg.layer_window.assign(n_layers, 0);
+  cfg.sliding_window = 0;
+  // Validated even when unused, as before.
+  const std::optional<std::vector<bool>> types =
+      rule.layers == SlidingRule::Layers::layer_types ? parse_layer_types(r, n_layers) : std::nullopt;
+  if (rule.layers == SlidingRule::Layers::none) return;
+  if (!rule.gate_key.empty() && !r.get_bool(rule.gate_key, false)) return;
+  const std::optional<int> window = r.opt_int("sliding_window", fs.defaults.sliding_window);  // nullopt: null
+
+  std::vector<bool> sliding(n_layers, false);
   if (rule.layers == SlidingRule::Layers::all) {
-    sliding.assign(cfg.num_layers, true);
-  } else if (auto lt = parse_layer_types(r, cfg.num_layers)) {
-    sliding = *lt;
-  } else if (rule.fallback != SlidingRule::Fallback::none) {
+    if (window) sliding.assign(n_layers, true);
+  } else if (types) {
+    sliding = *types;
+  } else if (rule.fallback == SlidingRule::Fallback::from_layer) {
     const int n = rule.n_key.empty() ? rule.n : r.get_int(rule.n_key, rule.n);
-    if (rule.fallback == SlidingRule::Fallback::from_layer) {
-      for (int i = 0; i < cfg.num_layers; ++i) sliding[i] = i >= n;
-    } else {
-      if (n <= 0) r.bad(rule.n_key, "a positive integer", *r.find(rule.n_key));
-      for (int i = 0; i < cfg.num_layers; ++i) sliding[i] = (i + 1) % n != 0;
-    }
+    if (window)
+      for (int i = 0; i < n_layers; ++i) sliding[i] = i >= n;
+  } else if (rule.fallback == SlidingRule::Fallback::every_nth_full) {
+    const int n = rule.n_key.empty() ? rule.n : r.get_int(rule.n_key, rule.n);
+    if (n <= 0) r.bad(rule.n_key, "a positive integer", *r.find(rule.n_key));
+    for (int i = 0; i < n_layers; ++i) sliding[i] = (i + 1) % n != 0;
   }
-  for (int i = 0; i < cfg.num_layers; ++i) cfg.layer_window[i] = sliding[i] ? window : 0;
+  const auto first = std::find(sliding.begin(), sliding.end(), true);
+  if (first == sliding.end()) return;
+  if (!window || *window <= 0) {
+    const json* v = r.find("sliding_window");
+    r.bad("sliding_window", fmt::format("a positive integer (layer {} slides)", first - sliding.begin()),
+          v != nullptr ? *v : json(nullptr));
+  }
+  cfg.sliding_window = *window;
+  for (int i = 0; i < n_layers; ++i) cfg.layer_window[i] = sliding[i] ? *window : 0;
 }
 
 float round_through(float x, DType dt) {
@@ -382,6 +406,7 @@ ModelConfig parse_root(const json& root, const std::string& source) {
 
   ModelConfig cfg;
   cfg.model_type = mt->get<std::string>();
+  cfg.source = source;
   const FamilySchema* family = find_family(cfg.model_type);
   if (family == nullptr) {
     fail("config", "{}: unknown model_type \"{}\" (supported: {})", source, cfg.model_type, supported_model_types());
@@ -409,26 +434,39 @@ ModelConfig parse_root(const json& root, const std::string& source) {
   const Reader r(source, *text, fallback, prefix);
   const FamilyDefaults& d = fs.defaults;
 
-  cfg.vocab_size = r.positive_int("vocab_size", d.vocab_size);
-  cfg.hidden_size = r.positive_int("hidden_size", d.hidden_size);
-  cfg.intermediate_size = r.positive_int("intermediate_size", d.intermediate_size);
-  cfg.num_layers = r.positive_int("num_hidden_layers", d.num_layers);
-  cfg.num_heads = r.positive_int("num_attention_heads", d.num_heads);
-  cfg.num_kv_heads = r.opt_int("num_key_value_heads", d.num_kv_heads).value_or(cfg.num_heads);
-  if (cfg.num_kv_heads <= 0) r.bad("num_key_value_heads", "a positive integer", *r.find("num_key_value_heads"));
+  // Every size is range-checked here, before anything is allocated or read
+  // (a typo such as "num_hidden_layers": 1e9 once allocated gigabytes of
+  // tensor plans before failing). See the limits in model_config.h.
+  cfg.vocab_size = r.bounded_int("vocab_size", d.vocab_size, kMaxVocabSize);
+  cfg.hidden_size = r.bounded_int("hidden_size", d.hidden_size, kMaxHiddenSize);
+  cfg.intermediate_size = r.bounded_int("intermediate_size", d.intermediate_size, kMaxIntermediateSize);
+  cfg.num_layers = r.bounded_int("num_hidden_layers", d.num_layers, kMaxLayers);
+  cfg.num_heads = r.bounded_int("num_attention_heads", d.num_heads, kMaxHeads);
+  // Absent: the family default; null (or no default): num_attention_heads.
+  const json* kv = r.find("num_key_value_heads");
+  cfg.num_kv_heads = kv != nullptr && !kv->is_null() ? r.bounded_int("num_key_value_heads", 0, kMaxHeads)
+                     : kv == nullptr                 ? d.num_kv_heads.value_or(cfg.num_heads)
+                                                     : cfg.num_heads;
   if (cfg.num_heads % cfg.num_kv_heads != 0) {
     fail("config", "{}: {} ({}) is not divisible by {} ({})", source, r.field("num_attention_heads"), cfg.num_heads,
          r.field("num_key_value_heads"), cfg.num_kv_heads);
   }
-  if (auto hd = r.opt_int("head_dim", d.head_dim)) {
-    cfg.head_dim = *hd;
-    if (cfg.head_dim <= 0) r.bad("head_dim", "a positive integer", *r.find("head_dim"));
+  // Absent: the family default; null (or no default): hidden_size / num_attention_heads.
+  const json* hd = r.find("head_dim");
+  if (hd != nullptr && !hd->is_null()) {
+    cfg.head_dim = r.bounded_int("head_dim", 0, kMaxHeadDim);
+  } else if (hd == nullptr && d.head_dim) {
+    cfg.head_dim = *d.head_dim;
   } else {
     if (cfg.hidden_size % cfg.num_heads != 0) {
       fail("config", "{}: {} ({}) is not divisible by {} ({}) and no \"head_dim\" is given", source,
            r.field("hidden_size"), cfg.hidden_size, r.field("num_attention_heads"), cfg.num_heads);
     }
     cfg.head_dim = cfg.hidden_size / cfg.num_heads;
+    if (cfg.head_dim > kMaxHeadDim) {
+      fail("config", "{}: head_dim {} ({} / {}) is above the limit {}", source, cfg.head_dim, r.field("hidden_size"),
+           r.field("num_attention_heads"), kMaxHeadDim);
+    }
   }
   if (cfg.head_dim % 2 != 0) fail("config", "{}: head_dim {} must be even for RoPE", source, cfg.head_dim);
   cfg.max_position_embeddings = r.positive_int("max_position_embeddings", d.max_position_embeddings);

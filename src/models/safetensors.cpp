@@ -161,12 +161,23 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
   }
   const char* hdr = reinterpret_cast<const char*>(file_.data() + 8);
   json header;
+  // A name written twice would keep only its last entry, and the first
+  // one's bytes would then look like a gap: catch it while parsing.
+  std::set<std::string> keys;
+  std::string duplicate;
+  auto on_key = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second &&
+        duplicate.empty())
+      duplicate = parsed.get<std::string>();
+    return true;
+  };
   try {
-    header = json::parse(hdr, hdr + n);
+    header = json::parse(hdr, hdr + n, on_key);
   } catch (const json::parse_error& e) {
     fail("safetensors", "{}: header is not valid JSON (at byte {} of the header): {}", fname, e.byte, e.what());
   }
   if (!header.is_object()) fail("safetensors", "{}: header is not a JSON object", fname);
+  if (!duplicate.empty()) fail("safetensors", "{}: tensor \"{}\" appears twice in the header", fname, duplicate);
 
   data_section_ = file_.data() + 8 + n;
   data_size_ = size - 8 - static_cast<size_t>(n);
@@ -360,6 +371,18 @@ WeightStore::WeightStore(const std::filesystem::path& model_dir) : dir_(model_di
     }
     where_.emplace(it.key(), found->second);
   }
+  // A tensor stored in two shards: the index picks one, and the other copy
+  // (maybe different values) would be silently ignored.
+  std::map<std::string, size_t> holder;  // tensor name -> the first shard that holds it
+  for (size_t f = 0; f < files_.size(); ++f) {
+    for (const std::string& name : files_[f]->names()) {
+      auto [at, fresh] = holder.emplace(name, f);
+      if (!fresh) {
+        fail("safetensors", "{}: tensor \"{}\" appears in both {} and {}", iname, name,
+             files_[at->second]->path().filename().string(), files_[f]->path().filename().string());
+      }
+    }
+  }
 }
 
 bool WeightStore::has(std::string_view name) const { return where_.find(name) != where_.end(); }
@@ -379,11 +402,61 @@ WeightView WeightStore::get(std::string_view name, const std::vector<int64_t>& e
   return v;
 }
 
+const std::filesystem::path& WeightStore::file_of(std::string_view name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) fail("weights", "missing tensor \"{}\" in {}", name, dir_.string());
+  return files_[it->second]->path();
+}
+
 std::vector<std::string> WeightStore::names() const {
   std::vector<std::string> out;
   out.reserve(where_.size());
   for (const auto& kv : where_) out.push_back(kv.first);
   return out;
+}
+
+// ------------------------------------------------------- first_non_finite
+
+namespace {
+
+// NaN and infinity are the values whose exponent bits are all ones. Blocks
+// are tested without an early exit (so the loop vectorises), then the block
+// that has one is searched.
+template <class Bits>
+std::optional<int64_t> first_all_ones(const std::byte* data, size_t n, Bits exponent) {
+  constexpr size_t kBlock = 4096;
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t e = std::min(n, b + kBlock);
+    bool any = false;
+    for (size_t i = b; i < e; ++i) {
+      Bits v;
+      std::memcpy(&v, data + i * sizeof(Bits), sizeof(Bits));
+      any |= (v & exponent) == exponent;
+    }
+    if (!any) continue;
+    for (size_t i = b; i < e; ++i) {
+      Bits v;
+      std::memcpy(&v, data + i * sizeof(Bits), sizeof(Bits));
+      if ((v & exponent) == exponent) return static_cast<int64_t>(i);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<int64_t> first_non_finite(const WeightView& view) {
+  const size_t n = static_cast<size_t>(view.numel());
+  if (n * dtype_size(view.dtype) != view.nbytes) {
+    fail("weights", "tensor \"{}\": {} bytes do not match shape {} of {}", view.name, view.nbytes,
+         shape_string(view.shape), dtype_name(view.dtype));
+  }
+  switch (view.dtype) {
+    case DType::F32: return first_all_ones<uint32_t>(view.data, n, 0x7F800000u);
+    case DType::BF16: return first_all_ones<uint16_t>(view.data, n, 0x7F80u);
+    case DType::F16: return first_all_ones<uint16_t>(view.data, n, 0x7C00u);
+    default: return std::nullopt;
+  }
 }
 
 // ------------------------------------------------------------------ to_f32

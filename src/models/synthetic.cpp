@@ -45,6 +45,19 @@ const std::map<std::string, const char*>& synthetic_configs() {
   return m;
 }
 
+// The config of synthetic model `name`; throws [model] naming the known ones.
+ModelConfig synthetic_config(const std::string& name) {
+  auto it = synthetic_configs().find(name);
+  if (it == synthetic_configs().end()) {
+    std::string names;
+    for (const auto& [n, json] : synthetic_configs()) names += (names.empty() ? "" : ", ") + n;
+    fail("model", "unknown synthetic model \"{}\" (known: {})", name, names);
+  }
+  return parse_model_config(it->second);
+}
+
+DType synthetic_matrix_dtype(Device device) { return device == Device::CUDA ? DType::BF16 : DType::F32; }
+
 }  // namespace
 
 std::vector<std::string> Model::synthetic_names() {
@@ -53,17 +66,20 @@ std::vector<std::string> Model::synthetic_names() {
   return n;
 }
 
+ModelInfo Model::describe_synthetic(const std::string& name, Device device) {
+  ModelInfo info;
+  info.config = synthetic_config(name);
+  info.device = device;
+  info.matrix_dtype = synthetic_matrix_dtype(device);
+  info.weight_bytes = planned_bytes(plan_weights(info.config, CheckpointNames{}), info.matrix_dtype);
+  return info;
+}
+
 std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, uint64_t seed) {
-  auto it = synthetic_configs().find(name);
-  if (it == synthetic_configs().end()) {
-    std::string names;
-    for (const auto& n : synthetic_names()) names += (names.empty() ? "" : ", ") + n;
-    fail("model", "unknown synthetic model \"{}\" (known: {})", name, names);
-  }
   std::shared_ptr<Model> m(new Model());
-  m->cfg_ = parse_model_config(it->second);
+  m->cfg_ = synthetic_config(name);
   m->device_ = device;
-  m->matrix_dtype_ = device == Device::CUDA ? DType::BF16 : DType::F32;
+  m->matrix_dtype_ = synthetic_matrix_dtype(device);
   const ModelConfig& c = m->cfg_;
   Stream s(device);
   uint64_t next = seed;

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "kvgraph/error.h"
+#include "kvgraph/model_config.h"
 #include "tokenizer/json_util.h"
 #include "tokenizer/tokenizer_impl.h"
 #include "tokenizer/utf8.h"
@@ -305,7 +306,9 @@ Tokenizer Tokenizer::from_file(const std::filesystem::path& path) {
   const std::filesystem::path config_path = file.parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(config_path, ec)) config = read_file(config_path);
   try {
-    return Tokenizer(load(text, config));
+    Tokenizer t(load(text, config));
+    t.source_ = file;
+    return t;
   } catch (const Error& e) {
     // Name the file the message is about.
     std::string msg = e.what();
@@ -350,5 +353,16 @@ bool Tokenizer::is_special(int32_t id) const {
 
 std::span<const int32_t> Tokenizer::prefix_special_ids() const { return impl_->prefix_ids; }
 std::span<const int32_t> Tokenizer::suffix_special_ids() const { return impl_->suffix_ids; }
+
+Tokenizer check_vocab(Tokenizer tokenizer, const ModelConfig& config) {
+  const int32_t n = tokenizer.vocab_size();  // one past its largest id
+  if (n <= config.vocab_size) return tokenizer;
+  const std::string tok = tokenizer.source().empty() ? std::string("the tokenizer") : tokenizer.source().string();
+  const std::string cfg = config.source.empty() ? std::string("the model config") : config.source;
+  fail("tokenizer",
+       "{} has token ids up to {} but {} has vocab_size {} (ids 0 to {}): the tokenizer does not belong to this "
+       "model",
+       tok, n - 1, cfg, config.vocab_size, config.vocab_size - 1);
+}
 
 }  // namespace kvgraph

@@ -120,7 +120,7 @@ std::optional<Tokenizer> load_tokenizer(const Model& m, bool required) {
            m.dir().empty() ? std::string("this model") : m.dir().string());
     return std::nullopt;
   }
-  return Tokenizer::from_file(p);
+  return check_vocab(Tokenizer::from_file(p), m.config());
 }
 
 std::vector<int32_t> parse_ids(const std::string& text, const std::string& what) {
