@@ -5,6 +5,8 @@
 #include <fstream>
 #include <regex>
 
+#include <unistd.h>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -457,4 +459,26 @@ TEST(Cli, ChatKeepsTheCacheBetweenTurns) {
   EXPECT_LT(turns[1].first, turns[1].second - turns[0].second + 2);  // only the new turn's tokens
   EXPECT_GT(turns[1].second, turns[0].second);
   EXPECT_GT(slurp(out).size(), 10u);
+}
+
+// On the CPU the embedded model sits in the last-level cache: a DRAM floor
+// would print more than 100% "of floor", so bench says n/a (null in JSON)
+// exactly when the bytes a step reads fit in that cache.
+TEST(Cli, BenchFloorIsNotApplicableWhenTheModelFitsInCache) {
+  RunResult r = run_cli("bench --prompt 8 --new-tokens 4 --json -q");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  const double bytes = j["weight_bytes_read_per_token"].get<double>() + j["kv_bytes_per_token_avg"].get<double>();
+  long llc = 0;
+  for (int name : {_SC_LEVEL4_CACHE_SIZE, _SC_LEVEL3_CACHE_SIZE, _SC_LEVEL2_CACHE_SIZE})
+    if (llc <= 0) llc = sysconf(name);
+  const bool fits = llc > 0 && bytes <= double(llc);
+  EXPECT_EQ(j["floor_applies"].get<bool>(), !fits);
+  EXPECT_EQ(j["fraction_of_floor"].is_null(), fits);
+  RunResult text = run_cli("bench --prompt 8 --new-tokens 4 -q");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  if (fits)
+    EXPECT_THAT(text.out, HasSubstr("n/a"));
+  else
+    EXPECT_THAT(text.out, ::testing::Not(HasSubstr("n/a")));
 }
