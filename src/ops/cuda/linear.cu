@@ -141,6 +141,46 @@ __device__ __forceinline__ float dot16_h(uint4 w, const float (&h)[4], float acc
   return acc;
 }
 
+// The end of a GEMV group's work: reduce each row's partial sums (and the
+// norm's sum of squares) over the group's threads in a fixed order
+// (deterministic), scale by the norm, then the epilogue, by the group's
+// first thread.
+template <typename W, int kTPR, bool kNorm, int kRows>
+__device__ __forceinline__ void finish_rows(const GemvArgs<W>& a, int n0, int group, int tig, float (&acc)[kRows],
+                                            float ss) {
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = detail::warp_sum(acc[r]);
+  if constexpr (kNorm) ss = detail::warp_sum(ss);
+  if constexpr (kTPR > 32) {
+    constexpr int kWarps = kTPR / 32;
+    __shared__ float red[kBlock / 32][kRows + 1];
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) red[warp][r] = acc[r];
+      red[warp][kRows] = ss;
+    }
+    __syncthreads();
+    if (tig != 0) return;
+#pragma unroll
+    for (int r = 0; r <= kRows; ++r) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) t += red[group * kWarps + w][r];
+      if (r < kRows) acc[r] = t; else ss = t;
+    }
+  } else {
+    if (tig != 0) return;
+  }
+  if constexpr (kNorm) {  // scale before bias / residual / gate
+    const float inv = rsqrtf(ss / a.K + a.norm_eps);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] *= inv;
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; r += 2) gemv_epilogue(a, n0 + r, acc[r], acc[r + 1]);
+}
+
 // GEMV with 16-byte weight loads. A group of kTPR threads (a warp, or the
 // whole block) computes two adjacent rows; thread i of a group reads vectors
 // i, i + kTPR, ... of both rows, kUnroll iterations of loads issued before any
@@ -205,37 +245,7 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
   }
   if (!waited) detail::griddep_wait();
 
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = detail::warp_sum(acc[r]);
-  if constexpr (kNorm) ss = detail::warp_sum(ss);
-  if constexpr (kTPR > 32) {
-    constexpr int kWarps = kTPR / 32;
-    __shared__ float red[kBlock / 32][kRows + 1];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) red[warp][r] = acc[r];
-      red[warp][kRows] = ss;
-    }
-    __syncthreads();
-    if (tig != 0) return;
-#pragma unroll
-    for (int r = 0; r <= kRows; ++r) {
-      float t = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) t += red[group * kWarps + w][r];  // fixed order: deterministic
-      if (r < kRows) acc[r] = t; else ss = t;
-    }
-  } else {
-    if (tig != 0) return;
-  }
-  if constexpr (kNorm) {  // scale before bias / residual / gate
-    const float inv = rsqrtf(ss / a.K + a.norm_eps);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[r] *= inv;
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; r += 2) gemv_epilogue(a, n0 + r, acc[r], acc[r + 1]);
+  finish_rows<W, kTPR, kNorm, kRows>(a, n0, group, tig, acc, ss);
 }
 
 // Fallback for unaligned pointers or K not a multiple of the vector width:
@@ -449,37 +459,7 @@ __global__ void __launch_bounds__(kBlock) qgemv_kernel(QGemvArgs<S> a) {
   }
   if (!waited) detail::griddep_wait();
 
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = detail::warp_sum(acc[r]);
-  if constexpr (kNorm) ss = detail::warp_sum(ss);
-  if constexpr (kTPR > 32) {
-    constexpr int kWarps = kTPR / 32;
-    __shared__ float red[kBlock / 32][kRows + 1];
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) red[warp][r] = acc[r];
-      red[warp][kRows] = ss;
-    }
-    __syncthreads();
-    if (tig != 0) return;
-#pragma unroll
-    for (int r = 0; r <= kRows; ++r) {
-      float t = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) t += red[group * kWarps + w][r];  // fixed order: deterministic
-      if (r < kRows) acc[r] = t; else ss = t;
-    }
-  } else {
-    if (tig != 0) return;
-  }
-  if constexpr (kNorm) {
-    const float inv = rsqrtf(ss / e.K + e.norm_eps);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[r] *= inv;
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; r += 2) gemv_epilogue(e, n0 + r, acc[r], acc[r + 1]);
+  finish_rows<S, kTPR, kNorm, kRows>(e, n0, group, tig, acc, ss);
 }
 
 template <typename S, int kBits, bool kNorm>
