@@ -211,10 +211,26 @@ void SequenceCache::export_layer(int layer, std::byte* out) const {
     }
 }
 
-void SequenceCache::import_layer(int layer, const std::byte* in, int32_t length) {
+void SequenceCache::import_layer(int layer, const std::byte* in, int32_t length, bool from_flat) {
   const CachePolicy& p = policy(layer);
   if (length < 0 || length > capacity())
     fail("sequence_cache", "import: length {} is outside [0, {}]", length, capacity());
+  if (from_flat && p.is_ring()) {
+    const size_t row = bytes_per_token(layer) / 2;  // one KV head row set of K (or V) for all heads
+    const int64_t hd_bytes = static_cast<int64_t>(row) / config_.layers[layer].n_kv_heads;
+    const int32_t lo = oldest_resident(p.rule(), length);
+    for (const Tensor* pool : {&k_.at(layer), &v_.at(layer)}) {
+      std::vector<Tensor> heads = head_rows(*pool, p.pool());
+      for (Tensor& h : heads) {
+        for (int32_t pos = lo; pos < length; ++pos) {
+          Tensor dst = h.slice_rows(slot_of(p.rule(), pos), 1);
+          dst.copy_from_host(in + static_cast<size_t>(pos) * hd_bytes);
+        }
+        in += static_cast<size_t>(length) * hd_bytes;
+      }
+    }
+    return;
+  }
   const int32_t rows = p.is_ring() ? p.pool() : length;
   if (rows == 0) return;
   for (const Tensor* pool : {&k_.at(layer), &v_.at(layer)})

@@ -296,6 +296,7 @@ void Session::restore(const std::filesystem::path& path) {
          dtype_name(cache_.config().storage));
   head.get<int32_t>();  // max_write: rings below carry theirs; flat layers do not depend on it
   const uint32_t n_layers = head.get<uint32_t>();
+  std::vector<bool> from_flat(cache_.n_layers(), false);
   if (n_layers != static_cast<uint32_t>(cache_.n_layers()))
     fail("session_file", "{} has {} layers; this model has {}", name, n_layers, cache_.n_layers());
   for (int l = 0; l < cache_.n_layers(); ++l) {
@@ -303,6 +304,13 @@ void Session::restore(const std::filesystem::path& path) {
     x.ring = head.get<uint8_t>() != 0;
     for (int32_t* v : {&x.window, &x.max_write, &x.pool, &x.capacity, &x.n_kv_heads, &x.head_dim}) *v = head.get<int32_t>();
     const LayerLayout here = layout_of(cache_, l);
+    // A sliding layer that was flat (its window reached the capacity then)
+    // restores into a ring: the ring takes the last pool rows of the history.
+    const bool flat_to_ring = !x.ring && here.ring && x.n_kv_heads == here.n_kv_heads && x.head_dim == here.head_dim;
+    if (flat_to_ring) {
+      from_flat[l] = true;
+      continue;
+    }
     const bool same = x.ring == here.ring && x.window == here.window && x.max_write == here.max_write &&
                       x.pool == here.pool && x.n_kv_heads == here.n_kv_heads && x.head_dim == here.head_dim;
     if (!same)
@@ -346,7 +354,7 @@ void Session::restore(const std::filesystem::path& path) {
   for (int l = 0; l < cache_.n_layers(); ++l) {
     const uint64_t bytes = kv.get<uint64_t>();
     const CachePolicy& p = cache_.policy(l);
-    const uint64_t expect = uint64_t(p.is_ring() ? p.pool() : length) * cache_.bytes_per_token(l);
+    const uint64_t expect = uint64_t(p.is_ring() && !from_flat[l] ? p.pool() : length) * cache_.bytes_per_token(l);
     if (bytes != expect)
       fail("session_file", "{}: layer {} holds {} bytes of rows, expected {} (corrupted file)", name, l, bytes, expect);
     rows[l] = kv.bytes(bytes);
@@ -355,7 +363,8 @@ void Session::restore(const std::filesystem::path& path) {
 
   // Verified: replace the state.
   stream_.synchronize();
-  for (int l = 0; l < cache_.n_layers(); ++l) cache_.import_layer(l, reinterpret_cast<const std::byte*>(rows[l]), length);
+  for (int l = 0; l < cache_.n_layers(); ++l)
+    cache_.import_layer(l, reinterpret_cast<const std::byte*>(rows[l]), length, from_flat[l]);
   cache_.set_extent(length, written);
   tokens_ = std::move(ids);
   if (has_logits) ws_.logits.slice_rows(0, 1).copy_from_host(row.data());

@@ -114,7 +114,9 @@ class SequenceCache {
   void export_layer(int layer, std::byte* out) const;
   // The inverse, for a cache whose length and written mark are then set by
   // set_extent (import first, so a throw leaves the bookkeeping alone).
-  void import_layer(int layer, const std::byte* in, int32_t length);
+  // `from_flat`: the rows are a flat layer's [0, length) and this layer is a
+  // ring: it keeps the positions its pool can hold, each at its slot.
+  void import_layer(int layer, const std::byte* in, int32_t length, bool from_flat = false);
   // Sets the committed length and high-water mark after an import.
   void set_extent(int32_t length, int32_t written);
 
