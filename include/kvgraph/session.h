@@ -149,7 +149,7 @@ class Session {
   // repetition-penalty mask is that of the kept tokens. last_logits() and
   // sample() are unavailable until the next step when n < position().
   // Flat layers roll back any number of tokens; ring layers while they hold
-  // the rows a query at n needs (up to max_write - 1 tokens back from the
+  // the rows a query at n needs (up to max_write tokens back from the
   // furthest length written, after any number of wraps; see
   // SequenceCache::trim). Beyond that the kept ids are prefilled again from
   // position 0: a window alone cannot be rebuilt exactly, because the rows of

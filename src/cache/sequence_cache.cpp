@@ -132,8 +132,8 @@ void SequenceCache::trim(int32_t n) {
     int32_t oldest = oldest_resident(p.rule(), written_);
     if (need < oldest)
       fail("sequence_cache", "trim({}): layer {} ({}) has evicted position {} that position {} needs; "
-           "a ring layer can trim back at most max_write - 1 = {} tokens from the furthest length written ({})",
-           n, i, p.describe(), need, n, p.max_write() - 1, written_);
+           "a ring layer can trim back at most max_write = {} tokens from the furthest length written ({})",
+           n, i, p.describe(), need, n, p.max_write(), written_);
   }
   length_ = n;
 }
