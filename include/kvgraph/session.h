@@ -18,8 +18,10 @@
 // ops unrecorded, and gives bitwise-identical logits and tokens.
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -54,6 +56,10 @@ struct GenerateOptions {
   // Polled after each token (e.g. set by a SIGINT handler): once true, generation
   // ends with FinishReason::cancelled. Null: never cancelled.
   const std::atomic<bool>* cancel = nullptr;
+  // The prompt is the whole sequence: keep the longest common prefix with
+  // what the session holds and prefill only the rest (Session::prefill_reusing).
+  // Off: the prompt is appended after whatever the cache holds.
+  bool reuse_prefix = false;
 };
 
 // Why generate() returned.
@@ -75,6 +81,7 @@ struct GenerateResult {
   int32_t last = -1;
   double prefill_seconds = 0;   // prefill and the first sample
   double decode_seconds = 0;    // everything after
+  int32_t reused = 0;           // prompt tokens kept from the session (reuse_prefix)
 };
 
 // Called after each generated token with its id and the text that became
@@ -121,7 +128,75 @@ class Session {
                           const GenerateOptions& options, const TokenFn& on_token = {});
 
   void reset();
-  void trim(int32_t n);  // keep the first n tokens (see SequenceCache::trim)
+
+  // ---- Lifecycle: rollback, fork, save/restore, prefix reuse ----
+
+  // The ids in the cache, positions [0, position()).
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  // The token the next decode() feeds (sampled, not yet in the cache).
+  std::optional<int32_t> pending() const;
+  // Makes `id` the token the next decode() feeds, e.g. the corrected token
+  // after a speculative step; the repetition-penalty mask follows.
+  void set_pending(int32_t id);
+
+  struct TrimResult {
+    int32_t removed = 0;      // tokens dropped from the end
+    int32_t reprefilled = 0;  // tokens prefilled again (0: rolled back in place)
+  };
+  // Keeps the first n tokens (0 <= n <= position()); the step state rolls
+  // back with the cache: the position is n, the pending token is the one
+  // that was at position n (or the pending one if n == position()), the
+  // repetition-penalty mask is that of the kept tokens. last_logits() and
+  // sample() are unavailable until the next step when n < position().
+  // Flat layers roll back any number of tokens; ring layers while they hold
+  // the rows a query at n needs (up to max_write tokens back from the
+  // furthest length written, after any number of wraps; see
+  // SequenceCache::trim). Beyond that the kept ids are prefilled again from
+  // position 0: a window alone cannot be rebuilt exactly, because the rows of
+  // a ring layer depend, through the layers below it, on positions the ring
+  // already evicted. The result equals a session that prefilled the kept ids.
+  TrimResult trim(int32_t n);
+  // Whether trim(n) rolls back in place (no re-prefill).
+  bool can_roll_back(int32_t n) const { return cache_.can_trim(n); }
+
+  // An independent deep copy: cache rows, step state, sampler settings,
+  // banned ids, last logits. The copy records its own decode step. Device to
+  // device copies only (no host round trip).
+  std::unique_ptr<Session> fork();
+
+  // Writes the session (token ids, position, pending token, last logits, the
+  // cache rows) to `path`, atomically: a temporary file in the same folder,
+  // then rename. The file is versioned and checksummed and names the model
+  // (a fingerprint over its config and tensor metadata), the storage dtype
+  // and every layer's policy.
+  void save(const std::filesystem::path& path);
+  // Replaces this session's state by the one saved in `path`. A file of
+  // another model, storage dtype or cache layout, of an unknown version, or
+  // truncated or corrupted anywhere, is refused with one clear error
+  // ("[session_file] ...") and the session is left untouched. A flat layer
+  // may be restored into a session of another capacity if the tokens fit.
+  void restore(const std::filesystem::path& path);
+  // The model's fingerprint as written in saved files.
+  uint64_t model_fingerprint() const;
+
+  struct PrefixReuse {
+    int32_t reused = 0;       // tokens kept from the session
+    int32_t prefilled = 0;    // tokens of the prompt prefilled
+    int32_t reprefilled = 0;  // kept tokens prefilled again (a ring could not roll back)
+  };
+  // Makes the session hold exactly `prompt` (with its last logits ready for
+  // sample()): keeps the longest common prefix with tokens(), rounded down
+  // to a multiple of max_write, and prefills the rest. Rounding keeps the
+  // prefill chunks those of a prefill from 0, so the logits are bitwise
+  // those of a fresh session on any deterministic backend. At least the last
+  // prompt token is prefilled again (its logits are needed).
+  PrefixReuse prefill_reusing(std::span<const int32_t> prompt);
+
+  // Tests only: called at named points inside a step ("decode:after_step",
+  // "prefill:after_chunk"); throwing there simulates a device error after
+  // the step's kernels wrote the cache.
+  using FaultFn = std::function<void(std::string_view point)>;
+  void set_fault_injection(FaultFn fn) { fault_ = std::move(fn); }
 
   int32_t position() const { return cache_.length(); }
   int32_t capacity() const { return cache_.capacity(); }
@@ -141,6 +216,12 @@ class Session {
   CacheStep submit_decode_step();
   int32_t read_token();
   [[noreturn]] void fail_non_finite(int64_t position) const;
+  void run_prefill(std::span<const int32_t> ids, const ChunkFn& on_chunk);
+  void upload_seen();  // seen_ = tokens_ + the pending token
+  void set_step_state(int32_t position, std::optional<int32_t> pending);
+  void fault(std::string_view point) const {
+    if (fault_) fault_(point);
+  }
 
   std::shared_ptr<const Model> model_;
   SessionOptions opt_;
@@ -161,6 +242,11 @@ class Session {
   CacheStep decode_step_;  // the recorded step's cache step
   bool have_logits_ = false;
   bool have_pending_ = false;
+  std::vector<int32_t> tokens_;  // host: ids at positions [0, position())
+  int32_t pending_ = -1;         // host mirror of ids_[0] while have_pending_
+  SequenceCache::RingSnapshot ring_snapshot_;  // prefill rollback of wrapped rings
+  mutable std::optional<uint64_t> fingerprint_;
+  FaultFn fault_;
 };
 
 }  // namespace kvgraph

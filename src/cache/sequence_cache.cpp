@@ -4,6 +4,7 @@
 #include <climits>
 
 #include "kvgraph/error.h"
+#include "kvgraph/ops.h"
 
 namespace kvgraph {
 
@@ -112,6 +113,14 @@ void SequenceCache::commit(const CacheStep& step) {
   written_ = std::max(written_, length_);
 }
 
+bool SequenceCache::can_trim(int32_t n, int32_t written) const {
+  if (n < 0 || n > length_) return false;
+  for (const LayerSpec& l : config_.layers)
+    if (l.policy.is_ring() && first_visible(l.policy.rule(), n) < oldest_resident(l.policy.rule(), written))
+      return false;
+  return true;
+}
+
 void SequenceCache::trim(int32_t n) {
   if (n < 0 || n > length_) fail("sequence_cache", "trim({}): must be within [0, {}]", n, length_);
   for (int i = 0; i < n_layers(); ++i) {
@@ -123,10 +132,120 @@ void SequenceCache::trim(int32_t n) {
     int32_t oldest = oldest_resident(p.rule(), written_);
     if (need < oldest)
       fail("sequence_cache", "trim({}): layer {} ({}) has evicted position {} that position {} needs; "
-           "a ring layer can trim back at most max_write={} tokens once it has wrapped",
-           n, i, p.describe(), need, n, p.max_write());
+           "a ring layer can trim back at most max_write = {} tokens from the furthest length written ({})",
+           n, i, p.describe(), need, n, p.max_write(), written_);
   }
   length_ = n;
+}
+
+void SequenceCache::copy_from(Stream& stream, const SequenceCache& other) {
+  if (other.config_.layers.size() != config_.layers.size() || other.config_.storage != config_.storage ||
+      other.config_.device != config_.device)
+    fail("sequence_cache", "copy_from: the caches have different configs");
+  for (int l = 0; l < n_layers(); ++l) {
+    if (!(other.config_.layers[l].policy == config_.layers[l].policy))
+      fail("sequence_cache", "copy_from: layer {} has policy {} here and {} in the source", l,
+           config_.layers[l].policy.describe(), other.config_.layers[l].policy.describe());
+    ops::copy(stream, other.k_[l], k_[l]);
+    ops::copy(stream, other.v_[l], v_[l]);
+  }
+  length_ = other.length_;
+  written_ = other.written_;
+}
+
+void SequenceCache::snapshot_rings(Stream& stream, RingSnapshot& snap) const {
+  snap.k.resize(n_layers());
+  snap.v.resize(n_layers());
+  for (int l = 0; l < n_layers(); ++l) {
+    if (!config_.layers[l].policy.is_ring()) continue;
+    if (!snap.k[l].defined()) {  // allocated once, reused by later snapshots
+      snap.k[l] = Tensor::empty(k_[l].shape(), k_[l].dtype(), k_[l].device());
+      snap.v[l] = Tensor::empty(v_[l].shape(), v_[l].dtype(), v_[l].device());
+    }
+    ops::copy(stream, k_[l], snap.k[l]);
+    ops::copy(stream, v_[l], snap.v[l]);
+  }
+  snap.length = length_;
+  snap.written = written_;
+}
+
+void SequenceCache::restore_rings(Stream& stream, const RingSnapshot& snap) {
+  for (int l = 0; l < n_layers(); ++l) {
+    if (!config_.layers[l].policy.is_ring()) continue;
+    if (l >= static_cast<int>(snap.k.size()) || !snap.k[l].defined())
+      fail("sequence_cache", "restore_rings: the snapshot has no rows for ring layer {}", l);
+    ops::copy(stream, snap.k[l], k_[l]);
+    ops::copy(stream, snap.v[l], v_[l]);
+  }
+  length_ = snap.length;
+  written_ = snap.written;
+}
+
+namespace {
+
+// Rows [0, rows) of each KV head of a pool [n_kv_heads, pool, head_dim], as
+// contiguous views (one per head).
+std::vector<Tensor> head_rows(const Tensor& pool, int32_t rows) {
+  std::vector<Tensor> out;
+  for (int64_t h = 0; h < pool.dim(0); ++h)
+    out.push_back(pool.slice_rows(h, 1).reshape({pool.dim(1), pool.dim(2)}).slice_rows(0, rows));
+  return out;
+}
+
+}  // namespace
+
+size_t SequenceCache::layer_state_bytes(int layer) const {
+  const CachePolicy& p = policy(layer);
+  const int32_t rows = p.is_ring() ? p.pool() : length_;
+  return static_cast<size_t>(rows) * bytes_per_token(layer);
+}
+
+void SequenceCache::export_layer(int layer, std::byte* out) const {
+  const CachePolicy& p = policy(layer);
+  const int32_t rows = p.is_ring() ? p.pool() : length_;
+  if (rows == 0) return;
+  for (const Tensor* pool : {&k_.at(layer), &v_.at(layer)})
+    for (const Tensor& t : head_rows(*pool, rows)) {
+      t.copy_to_host(out);
+      out += t.nbytes();
+    }
+}
+
+void SequenceCache::import_layer(int layer, const std::byte* in, int32_t length, bool from_flat) {
+  const CachePolicy& p = policy(layer);
+  if (length < 0 || length > capacity())
+    fail("sequence_cache", "import: length {} is outside [0, {}]", length, capacity());
+  if (from_flat && p.is_ring()) {
+    const size_t row = bytes_per_token(layer) / 2;  // one KV head row set of K (or V) for all heads
+    const int64_t hd_bytes = static_cast<int64_t>(row) / config_.layers[layer].n_kv_heads;
+    const int32_t lo = oldest_resident(p.rule(), length);
+    for (const Tensor* pool : {&k_.at(layer), &v_.at(layer)}) {
+      std::vector<Tensor> heads = head_rows(*pool, p.pool());
+      for (Tensor& h : heads) {
+        for (int32_t pos = lo; pos < length; ++pos) {
+          Tensor dst = h.slice_rows(slot_of(p.rule(), pos), 1);
+          dst.copy_from_host(in + static_cast<size_t>(pos) * hd_bytes);
+        }
+        in += static_cast<size_t>(length) * hd_bytes;
+      }
+    }
+    return;
+  }
+  const int32_t rows = p.is_ring() ? p.pool() : length;
+  if (rows == 0) return;
+  for (const Tensor* pool : {&k_.at(layer), &v_.at(layer)})
+    for (Tensor t : head_rows(*pool, rows)) {
+      t.copy_from_host(in);
+      in += t.nbytes();
+    }
+}
+
+void SequenceCache::set_extent(int32_t length, int32_t written) {
+  if (length < 0 || length > capacity() || written < length)
+    fail("sequence_cache", "set_extent: length {} / written {} do not fit a cache of capacity {}", length, written,
+         capacity());
+  length_ = length;
+  written_ = written;
 }
 
 void SequenceCache::reset() {

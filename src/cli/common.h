@@ -106,5 +106,6 @@ void add_score(CLI::App& app);
 void add_perplexity(CLI::App& app);
 void add_inspect(CLI::App& app);
 void add_bench(CLI::App& app);
+void add_cache_prompt(CLI::App& app);
 
 }  // namespace kvgraph::cli

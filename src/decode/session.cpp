@@ -74,7 +74,35 @@ void Session::prefill(std::span<const int32_t> ids, const ChunkFn& on_chunk) {
     if (id < 0 || id >= V) fail("session", "token id {} out of range [0, {})", id, V);
   // Validate the whole prompt against the cache before writing anything.
   cache_.reserve(static_cast<int64_t>(ids.size()));
-  have_pending_ = false;
+  // Transactional: a chunk that fails leaves the session as it was. Rows past
+  // the kept length are harmless in flat layers; a ring overwrites rows the
+  // rollback needs once the prefill writes more than it can roll back, so
+  // its pools are copied first (window + max_write - 1 rows a layer).
+  const int32_t L = cache_.length();
+  const int64_t end = static_cast<int64_t>(L) + static_cast<int64_t>(ids.size());
+  const bool snapshot = !cache_.can_trim(L, std::max<int64_t>(cache_.written(), end));
+  if (snapshot) cache_.snapshot_rings(stream_, ring_snapshot_);
+  const std::optional<int32_t> was_pending = pending();
+  try {
+    have_pending_ = false;
+    run_prefill(ids, on_chunk);
+  } catch (...) {
+    stream_.synchronize();
+    cache_.note_written(static_cast<int32_t>(std::min<int64_t>(end, INT32_MAX)));
+    if (snapshot)
+      cache_.restore_rings(stream_, ring_snapshot_);
+    else
+      cache_.trim(L);
+    tokens_.resize(L);
+    set_step_state(L, was_pending);
+    have_logits_ = false;  // the logits buffer holds a later chunk's rows
+    throw;
+  }
+}
+
+// The chunk loop of prefill (ids already validated): appends to the cache,
+// the token history and the seen mask.
+void Session::run_prefill(std::span<const int32_t> ids, const ChunkFn& on_chunk) {
   size_t done = 0;
   while (done < ids.size()) {
     const int32_t T = static_cast<int32_t>(std::min<size_t>(opt_.max_write, ids.size() - done));
@@ -88,7 +116,9 @@ void Session::prefill(std::span<const int32_t> ids, const ChunkFn& on_chunk) {
     ops::mark_seen(stream_, chunk_ids, seen_);
     ops::advance(stream_, pos_, T);
     stream_.synchronize();
+    fault("prefill:after_chunk");
     cache_.commit(step);
+    tokens_.insert(tokens_.end(), chunk.begin(), chunk.end());
     if (on_chunk) {
       Tensor l = ws_.logits.slice_rows(0, opt_.all_logits ? T : 1);
       std::vector<float> rows = l.to_f32_vector();
@@ -124,8 +154,10 @@ int32_t Session::sample() {
   upload_sampling();
   ops::sample(stream_, row, sampling_config_, banned_, n_banned_, seen_, pos_, tok);
   stream_.synchronize();
+  have_pending_ = false;
+  pending_ = read_token();  // throws on non-finite logits (nothing was marked seen)
   have_pending_ = true;
-  return read_token();
+  return pending_;
 }
 
 // The T=1 step: forward the pending token at pos, advance pos, sample the
@@ -155,16 +187,32 @@ int32_t Session::decode() {
   // The host mirror of the position guards the cache before anything runs.
   cache_.reserve(1);
   upload_sampling();
+  const int32_t L = cache_.length();
+  const int32_t fed = pending_;
   CacheStep step;
-  if (opt_.eager) {
-    step = submit_decode_step();
-  } else {
-    if (!stream_.has_recording()) record_decode_step();
-    stream_.replay();
-    step = decode_step_;
+  int32_t token = -1;
+  try {
+    if (opt_.eager) {
+      step = submit_decode_step();
+    } else {
+      if (!stream_.has_recording()) record_decode_step();
+      stream_.replay();
+      step = decode_step_;
+    }
+    token = read_token();  // waits for the step
+    fault("decode:after_step");
+  } catch (...) {
+    // Transactional: the step may have written its row and advanced the step
+    // state on the device; put the state back (the row is past the length).
+    stream_.synchronize();
+    cache_.note_written(L + 1);
+    set_step_state(L, fed);
+    have_logits_ = false;
+    throw;
   }
-  const int32_t token = read_token();  // waits for the step
   cache_.commit(step);
+  tokens_.push_back(fed);
+  pending_ = token;
   return token;
 }
 
@@ -178,16 +226,38 @@ std::vector<int32_t> Session::decode_many(int n) {
     return out;
   }
   upload_sampling();
-  if (!stream_.has_recording()) record_decode_step();
-  stream_.reserve_reads(n);
-  for (int i = 0; i < n; ++i) {
-    stream_.replay();
-    stream_.queue_read_i32(ids_, i);
+  const int32_t L = cache_.length();
+  const int32_t fed = pending_;
+  // n steps in a row may overwrite ring rows a rollback to L needs (as a
+  // long prefill does): copy the ring pools first then.
+  const bool snapshot = !cache_.can_trim(L, std::max(cache_.written(), L + n));
+  if (snapshot) cache_.snapshot_rings(stream_, ring_snapshot_);
+  std::vector<int32_t> tokens;
+  try {
+    if (!stream_.has_recording()) record_decode_step();
+    stream_.reserve_reads(n);
+    for (int i = 0; i < n; ++i) {
+      stream_.replay();
+      stream_.queue_read_i32(ids_, i);
+    }
+    tokens = stream_.collect_i32(n);
+    for (int i = 0; i < n; ++i)
+      if (tokens[i] < 0) fail_non_finite(int64_t(L) + i);
+    fault("decode:after_step");
+  } catch (...) {
+    stream_.synchronize();
+    if (snapshot)
+      cache_.restore_rings(stream_, ring_snapshot_);
+    else
+      cache_.note_written(L + n);
+    set_step_state(L, fed);
+    have_logits_ = false;
+    throw;
   }
-  std::vector<int32_t> tokens = stream_.collect_i32(n);
-  for (int i = 0; i < n; ++i)
-    if (tokens[i] < 0) fail_non_finite(int64_t(cache_.length()) + i);
   for (int i = 0; i < n; ++i) cache_.commit(decode_step_);
+  tokens_.push_back(fed);
+  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end() - 1);
+  pending_ = tokens.back();
   return tokens;
 }
 
@@ -244,7 +314,10 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenize
 
   GenerateResult r;
   auto t0 = std::chrono::steady_clock::now();
-  prefill(prompt);
+  if (options.reuse_prefix)
+    r.reused = prefill_reusing(prompt).reused;
+  else
+    prefill(prompt);
   int32_t t = sample();
   r.prefill_seconds = seconds_since(t0);
   auto t1 = std::chrono::steady_clock::now();
@@ -315,6 +388,7 @@ std::vector<float> Session::last_logits() const {
 
 void Session::reset() {
   cache_.reset();
+  tokens_.clear();
   int32_t zero = 0;
   pos_.copy_from_host(&zero);
   std::vector<uint8_t> z(seen_.numel(), 0);
@@ -322,10 +396,108 @@ void Session::reset() {
   have_logits_ = have_pending_ = false;
 }
 
-void Session::trim(int32_t n) {
-  cache_.trim(n);
-  pos_.copy_from_host(&n);
-  have_logits_ = have_pending_ = false;
+std::optional<int32_t> Session::pending() const {
+  if (!have_pending_) return std::nullopt;
+  return pending_;
+}
+
+void Session::upload_seen() {
+  std::vector<uint8_t> m(seen_.numel(), 0);
+  for (int32_t t : tokens_) m[t] = 1;
+  if (have_pending_) m[pending_] = 1;
+  seen_.copy_from_host(m.data());
+}
+
+// Host -> device step state: pos = position, ids[0] = the pending token,
+// seen = the kept tokens and the pending one.
+void Session::set_step_state(int32_t position, std::optional<int32_t> pending) {
+  pos_.copy_from_host(&position);
+  have_pending_ = pending.has_value();
+  if (pending) {
+    pending_ = *pending;
+    ids_.slice_rows(0, 1).copy_from_host(&pending_);
+  }
+  upload_seen();
+}
+
+void Session::set_pending(int32_t id) {
+  const int32_t V = model_->config().vocab_size;
+  if (id < 0 || id >= V) fail("session", "token id {} out of range [0, {})", id, V);
+  stream_.synchronize();
+  set_step_state(cache_.length(), id);
+}
+
+Session::TrimResult Session::trim(int32_t n) {
+  const int32_t L = cache_.length();
+  if (n < 0 || n > L) fail("session", "trim({}): must be within [0, {}] (the tokens held)", n, L);
+  stream_.synchronize();
+  TrimResult r{L - n, 0};
+  const std::optional<int32_t> next = n < L ? std::optional<int32_t>(tokens_[n]) : pending();
+  if (cache_.can_trim(n)) {
+    cache_.trim(n);
+    tokens_.resize(n);
+  } else {
+    // A ring evicted rows the kept tokens need: prefill them again from 0.
+    std::vector<int32_t> kept(tokens_.begin(), tokens_.begin() + n);
+    reset();
+    try {
+      run_prefill(kept, {});
+    } catch (...) {
+      reset();  // never a half-built cache: empty, and the error says why
+      throw;
+    }
+    r.reprefilled = n;
+  }
+  if (n < L) have_logits_ = false;
+  set_step_state(n, next);
+  return r;
+}
+
+Session::PrefixReuse Session::prefill_reusing(std::span<const int32_t> prompt) {
+  if (prompt.empty()) fail("session", "prefill with no tokens");
+  const int32_t V = model_->config().vocab_size;
+  for (int32_t id : prompt)
+    if (id < 0 || id >= V) fail("session", "token id {} out of range [0, {})", id, V);
+  if (static_cast<int64_t>(prompt.size()) > cache_.capacity())
+    cache_.reserve(static_cast<int64_t>(prompt.size()) - cache_.length());  // the CacheFull message
+  size_t common = 0;
+  while (common < tokens_.size() && common < prompt.size() && tokens_[common] == prompt[common]) ++common;
+  // At least one token to prefill (its logits), and whole chunks kept.
+  int32_t keep = static_cast<int32_t>(std::min(common, prompt.size() - 1));
+  keep -= keep % opt_.max_write;
+  PrefixReuse r;
+  if (keep > 0 && cache_.can_trim(keep)) {
+    trim(keep);
+    r.reused = keep;
+  } else {
+    reset();  // nothing to keep, or a ring evicted what the kept prefix needs
+  }
+  r.prefilled = static_cast<int32_t>(prompt.size()) - r.reused;
+  prefill(prompt.subspan(r.reused));
+  return r;
+}
+
+std::unique_ptr<Session> Session::fork() {
+  if (stream_.recording()) fail("session", "fork() while a step is being recorded");
+  stream_.synchronize();
+  auto s = std::make_unique<Session>(model_, opt_);
+  Stream& st = s->stream_;
+  s->cache_.copy_from(st, cache_);
+  ops::copy(st, ids_, s->ids_);
+  ops::copy(st, pos_, s->pos_);
+  ops::copy(st, banned_, s->banned_);
+  ops::copy(st, seen_, s->seen_);
+  ops::copy(st, ws_.logits, s->ws_.logits);
+  st.synchronize();
+  s->n_banned_ = n_banned_;
+  s->banned_ids_ = banned_ids_;
+  s->sampling_ = sampling_;  // uploaded by the copy's next step
+  s->tokens_ = tokens_;
+  s->pending_ = pending_;
+  s->have_logits_ = have_logits_;
+  s->have_pending_ = have_pending_;
+  s->fault_ = fault_;
+  return s;
 }
 
 }  // namespace kvgraph

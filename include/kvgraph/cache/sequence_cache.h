@@ -7,6 +7,7 @@
 // (include/kvgraph/ops.h) for every layer, given the step -> commit(step). `pos` is the step state's device buffer holding
 // the position of the step's first token; it is read when the recorded ops
 // run, never baked in, so a recorded step replays correctly at any position.
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -79,7 +80,45 @@ class SequenceCache {
   // since reset (a trim does not bring evicted rows back), or nothing was
   // evicted yet (written <= pool).
   void trim(int32_t n);
+  // Whether trim(n) would succeed (0 <= n <= length and every ring layer
+  // still holds the rows a query at n needs). With `written`, as if the
+  // high-water mark were that.
+  bool can_trim(int32_t n) const { return can_trim(n, written_); }
+  bool can_trim(int32_t n, int32_t written) const;
+  int32_t written() const { return written_; }
+  // A step that failed after it began may have written rows up to position
+  // `end` (exclusive) without committing them: counting them as written keeps
+  // the trim rule honest about what a ring overwrote. The logical content
+  // (rows [0, length) that any query may see) is unchanged.
+  void note_written(int32_t end) { written_ = std::max(written_, end); }
   void reset();
+
+  // Deep copy of another cache's rows and bookkeeping (same config), queued
+  // on `stream` (device copies through ops::copy).
+  void copy_from(Stream& stream, const SequenceCache& other);
+  // Copies of the ring layers' pools (small: window + max_write - 1 rows),
+  // taken before a step that could not be rolled back otherwise, and put
+  // back by restore_rings. Flat layers are not copied: a rollback never
+  // needs their rows past the kept length.
+  struct RingSnapshot {
+    std::vector<Tensor> k, v;  // per layer; undefined for flat layers
+    int32_t length = 0, written = 0;
+  };
+  void snapshot_rings(Stream& stream, RingSnapshot& snap) const;
+  void restore_rings(Stream& stream, const RingSnapshot& snap);
+
+  // Serialisation of one layer's resident rows as stored: flat layers the
+  // positions [0, length) of each KV head, ring layers the whole pool; K
+  // then V. layer_state_bytes says how many bytes that is now.
+  size_t layer_state_bytes(int layer) const;
+  void export_layer(int layer, std::byte* out) const;
+  // The inverse, for a cache whose length and written mark are then set by
+  // set_extent (import first, so a throw leaves the bookkeeping alone).
+  // `from_flat`: the rows are a flat layer's [0, length) and this layer is a
+  // ring: it keeps the positions its pool can hold, each at its slot.
+  void import_layer(int layer, const std::byte* in, int32_t length, bool from_flat = false);
+  // Sets the committed length and high-water mark after an import.
+  void set_extent(int32_t length, int32_t written);
 
   // Which distinct policy (index into a CacheStep's plans) a layer uses.
   int policy_index(int layer) const { return policy_of_layer_.at(layer); }

@@ -35,6 +35,7 @@ struct GenerateFlags {
   bool json = false;
   std::string dump_logits;
   std::vector<std::string> stop;
+  std::string prompt_cache;  // --prompt-cache FILE
 };
 
 // Where the prompt comes from, as resolved from the flags.
@@ -110,6 +111,14 @@ void run_generate(const GenerateFlags& f) {
     fail("generate", "prompt of {} tokens is longer than the cache capacity {} (raise --capacity)", prompt.size(),
          so.capacity);
   Session s(model, so);
+  // --prompt-cache: restore the file when it exists (a file of another model
+  // or layout, or a damaged one, is an error, never silently ignored), then
+  // keep the common prefix; a missing file is created from this prompt.
+  bool cache_restored = false;
+  if (!f.prompt_cache.empty() && std::filesystem::exists(f.prompt_cache)) {
+    s.restore(f.prompt_cache);
+    cache_restored = true;
+  }
   auto& sp = s.sampling();
   sp.temperature = f.greedy ? 0.0f : f.temperature;
   sp.top_k = f.top_k;
@@ -130,6 +139,11 @@ void run_generate(const GenerateFlags& f) {
   go.max_tokens = f.max_tokens;
   go.stop = f.stop;
   go.ignore_eos = f.ignore_eos;
+  go.reuse_prefix = !f.prompt_cache.empty();
+  if (!f.prompt_cache.empty() && !cache_restored) {
+    s.prefill(prompt);
+    s.save(f.prompt_cache);
+  }
   int printed = 0;
   // Streams the text (or, without a tokenizer, the ids) as it is generated.
   auto on_token = [&](int32_t id, std::string_view text) {
@@ -159,6 +173,7 @@ void run_generate(const GenerateFlags& f) {
     j["compiled"] = !f.m.eager;
     j["captures"] = s.captures();
     j["prefill_ms"] = r.prefill_seconds * 1e3;
+    if (!f.prompt_cache.empty()) j["prompt_cache_reused"] = r.reused;
     j["decode_ms_per_token"] = decode_ms;
     out.write(j.dump() + "\n");
   } else {
@@ -171,6 +186,9 @@ void run_generate(const GenerateFlags& f) {
   if (r.finish == FinishReason::length)
     fmt::print(stderr, "[kvgraph] stopped after {} tokens: the cache is full ({} of {} positions); raise --capacity\n",
                r.tokens.size(), s.position(), s.capacity());
+  if (!f.prompt_cache.empty() && !f.m.quiet)
+    fmt::print(stderr, "[kvgraph] prompt cache {}: {} {} of {} prompt tokens, prefilled {}\n", f.prompt_cache,
+               cache_restored ? "reused" : "created; reused", r.reused, prompt.size(), prompt.size() - r.reused);
   if (!f.m.quiet)
     fmt::print(stderr, "[kvgraph] load {:.2f} s | prompt {} tok in {:.1f} ms ({:.0f} tok/s) | generated {} tok, "
                "{:.2f} ms/tok ({:.1f} tok/s) | {} decode, {} capture(s) | seed {}\n",
@@ -209,6 +227,10 @@ void add_generate(CLI::App& app) {
   c->add_flag("--ignore-eos", f->ignore_eos, "Never sample end-of-sequence tokens (their logits are masked)");
   c->add_option("--stop", f->stop, "End when the text contains this string; it is not printed (repeatable)");
   c->add_flag("--json", f->json, "Print one JSON object instead of streaming text");
+  c->add_option("--prompt-cache", f->prompt_cache,
+                "Session file from `kvgraph cache-prompt` (created from this prompt when missing): keep the common "
+                "prefix, prefill the rest; output is identical to a run without it")
+      ->type_name("FILE");
   c->add_option("--dump-logits", f->dump_logits, "Write the raw f32 logits of every sampled token to FILE")
       ->type_name("FILE");
   c->callback([f] { run_generate(*f); });

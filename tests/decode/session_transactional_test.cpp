@@ -1,0 +1,157 @@
+// A step that fails (a full cache, a bad token id, a device error injected
+// after the step's kernels ran) leaves the cache, the step state and the
+// recorded step as before: continuing gives bitwise the tokens and logits of
+// a session where the failure never happened.
+#include <cstring>
+#include <map>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "kvgraph/error.h"
+#include "kvgraph/model.h"
+#include "kvgraph/session.h"
+#include "support/fixtures.h"
+
+using namespace kvgraph;
+using namespace kvgraph::testing;
+using ::testing::HasSubstr;
+
+namespace {
+
+std::shared_ptr<const Model> fixture(const std::string& family) {
+  static std::map<std::string, std::shared_ptr<const Model>> models;
+  auto& m = models[family];
+  if (!m) m = Model::load(fixtures_dir() / family, Device::CPU);
+  return m;
+}
+
+struct DeviceError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Throws at the given fault point the first `times` times it is reached.
+Session::FaultFn fail_at(std::string point, int times = 1) {
+  auto left = std::make_shared<int>(times);
+  return [point, left](std::string_view p) {
+    if (p == point && (*left)-- > 0) throw DeviceError("injected device error at " + point);
+  };
+}
+
+std::vector<float> run_on(Session& s, int n, std::vector<int32_t>* tokens) {
+  std::vector<float> logits;
+  for (int i = 0; i < n; ++i) {
+    tokens->push_back(s.decode());
+    auto l = s.last_logits();
+    logits.insert(logits.end(), l.begin(), l.end());
+  }
+  return logits;
+}
+
+void expect_same_future(Session& a, Session& b, int n) {
+  std::vector<int32_t> ta, tb;
+  auto la = run_on(a, n, &ta);
+  auto lb = run_on(b, n, &tb);
+  EXPECT_EQ(ta, tb);
+  ASSERT_EQ(la.size(), lb.size());
+  EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), la.size() * sizeof(float))) << "logits differ";
+}
+
+ops::SamplingParams seeded() {
+  ops::SamplingParams p;
+  p.temperature = 0.8f;
+  p.repetition_penalty = 1.2f;
+  p.seed = 42;
+  return p;
+}
+
+class SessionTransactional : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+
+}  // namespace
+
+TEST_P(SessionTransactional, FailedDecodeStepLeavesEverythingAsBefore) {
+  const auto& [family, eager] = GetParam();
+  const Reference ref = load_reference(family);
+  SessionOptions so{.capacity = 200, .max_write = 4, .eager = eager};
+  Session a(fixture(family), so), b(fixture(family), so);
+  for (Session* s : {&a, &b}) {
+    s->sampling() = seeded();
+    s->prefill(ref.greedy_prompt);
+    s->sample();
+    for (int i = 0; i < 40; ++i) s->decode();  // rings wrap
+  }
+  const int captures = a.captures();
+  const int32_t L = a.position();
+  const auto pending = a.pending();
+  a.set_fault_injection(fail_at("decode:after_step", 3));
+  for (int i = 0; i < 3; ++i) EXPECT_THROW(a.decode(), DeviceError);
+  EXPECT_EQ(a.position(), L);
+  EXPECT_EQ(a.pending(), pending);
+  EXPECT_EQ(a.tokens(), b.tokens());
+  EXPECT_EQ(a.captures(), captures) << "the recorded step is kept";
+  a.set_fault_injection({});
+  expect_same_future(a, b, 12);
+  EXPECT_EQ(a.captures(), captures);
+}
+
+TEST_P(SessionTransactional, FailedDecodeManyAndPrefillChunkLeaveEverythingAsBefore) {
+  const auto& [family, eager] = GetParam();
+  const Reference ref = load_reference(family);
+  SessionOptions so{.capacity = 200, .max_write = 4, .eager = eager};
+  Session a(fixture(family), so), b(fixture(family), so);
+  for (Session* s : {&a, &b}) {
+    s->sampling() = seeded();
+    s->prefill(ref.greedy_prompt);
+    s->sample();
+    for (int i = 0; i < 30; ++i) s->decode();
+  }
+  a.set_fault_injection(fail_at("decode:after_step"));
+  EXPECT_THROW(a.decode_many(5), DeviceError);
+  // A long prefill (it wraps the rings: rows the rollback needs are
+  // overwritten) failing in its third chunk, then a short one failing at once.
+  const std::vector<int32_t> more(ref.ids.begin(), ref.ids.begin() + 30);
+  a.set_fault_injection([n = 0](std::string_view p) mutable {
+    if (p == "prefill:after_chunk" && ++n == 3) throw DeviceError("third chunk");
+  });
+  EXPECT_THROW(a.prefill(more), DeviceError);
+  a.set_fault_injection(fail_at("prefill:after_chunk"));
+  EXPECT_THROW(a.prefill(std::vector<int32_t>{1, 2}), DeviceError);
+  a.set_fault_injection({});
+  EXPECT_EQ(a.position(), b.position());
+  EXPECT_EQ(a.pending(), b.pending());
+  EXPECT_EQ(a.tokens(), b.tokens());
+  expect_same_future(a, b, 12);
+  // And the prefill that failed, done now, agrees too.
+  a.prefill(more);
+  b.prefill(more);
+  a.sample();
+  b.sample();
+  expect_same_future(a, b, 6);
+}
+
+TEST_P(SessionTransactional, FullCacheAndBadTokenIdsWriteNothing) {
+  const auto& [family, eager] = GetParam();
+  const Reference ref = load_reference(family);
+  SessionOptions so{.capacity = 40, .max_write = 4, .eager = eager};
+  Session a(fixture(family), so), b(fixture(family), so);
+  for (Session* s : {&a, &b}) {
+    s->sampling() = seeded();
+    s->prefill(ref.greedy_prompt);
+    s->sample();
+    for (int i = 0; i < 10; ++i) s->decode();
+  }
+  const int V = fixture(family)->config().vocab_size;
+  EXPECT_THROW(a.prefill(std::vector<int32_t>{1, 2, V, 3}), Error);
+  EXPECT_THROW(a.prefill(std::vector<int32_t>{1, -1}), Error);
+  if (a.capacity() < 1000) EXPECT_THROW(a.prefill(std::vector<int32_t>(a.capacity(), 1)), CacheFull);
+  EXPECT_THROW(a.set_pending(V), Error);
+  EXPECT_EQ(a.tokens(), b.tokens());
+  EXPECT_EQ(a.pending(), b.pending());
+  expect_same_future(a, b, 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, SessionTransactional,
+                         ::testing::Combine(::testing::Values("mistral", "gemma3", "llama"), ::testing::Bool()),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + (std::get<1>(info.param) ? "_eager" : "_compiled");
+                         });
