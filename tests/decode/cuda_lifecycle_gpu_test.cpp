@@ -1,0 +1,118 @@
+// The cache lifecycle on the GPU (compiled decode, every family fixture):
+// rollback after rings wrapped, fork and save/restore continue bitwise as the
+// original session would, and prefix reuse equals a fresh prefill. The CPU
+// suite proves the semantics (session_rollback_test, session_file_test,
+// session_prefix_reuse_test); this checks that KV bytes and step state move
+// the same way through device memory. Skips without a device.
+#include <cstring>
+
+#include <gtest/gtest.h>
+
+#include "kvgraph/model.h"
+#include "kvgraph/session.h"
+#include "support/fixtures.h"
+#include "support/temp_dir.h"
+
+using namespace kvgraph;
+using namespace kvgraph::testing;
+
+namespace {
+
+struct Trace {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<float>> logits;
+  bool operator==(const Trace& o) const {
+    if (tokens != o.tokens || logits.size() != o.logits.size()) return false;
+    for (size_t i = 0; i < logits.size(); ++i)
+      if (logits[i].size() != o.logits[i].size() ||
+          std::memcmp(logits[i].data(), o.logits[i].data(), logits[i].size() * sizeof(float)) != 0)
+        return false;
+    return true;
+  }
+};
+
+Trace decode(Session& s, int m) {
+  Trace t;
+  for (int i = 0; i < m; ++i) {
+    t.tokens.push_back(s.decode());
+    t.logits.push_back(s.last_logits());
+  }
+  return t;
+}
+
+ops::SamplingParams seeded() {
+  ops::SamplingParams p;
+  p.temperature = 0.9f;
+  p.top_k = 0;
+  p.top_p = 1.0f;
+  p.repetition_penalty = 1.3f;
+  p.seed = 11;
+  return p;
+}
+
+class CudaLifecycle : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+}  // namespace
+
+TEST_P(CudaLifecycle, RollbackForkAndRestoreContinueBitwise) {
+  const Reference ref = load_reference(GetParam());
+  auto gpu = Model::load(fixtures_dir() / GetParam(), Device::CUDA);
+  SessionOptions so;
+  so.capacity = 200;
+  so.max_write = 4;
+  Session a(gpu, so), b(gpu, so);
+  for (Session* s : {&a, &b}) {
+    s->sampling() = seeded();
+    s->prefill(ref.greedy_prompt);
+    s->sample();
+    decode(*s, 60);  // rings (window 12, pool 15) wrap several times
+  }
+  const int32_t n0 = a.position();
+  const int32_t p0 = *a.pending();
+
+  // Rollback of max_write - 1 decoded tokens, in place.
+  decode(a, 3);
+  const Session::TrimResult tr = a.trim(n0);
+  EXPECT_EQ(tr.reprefilled, 0);
+  a.set_pending(p0);
+
+  // Fork and save before either continues; restore into a fresh session.
+  TempDir dir;
+  auto f = a.fork();
+  a.save(dir.path() / "a.kvs");
+  Session r(gpu, so);
+  r.restore(dir.path() / "a.kvs");
+
+  const Trace want = decode(b, 20);
+  EXPECT_TRUE(decode(a, 20) == want) << GetParam() << ": after rollback";
+  EXPECT_TRUE(decode(*f, 20) == want) << GetParam() << ": the fork";
+  EXPECT_TRUE(decode(r, 20) == want) << GetParam() << ": restored";
+}
+
+TEST_P(CudaLifecycle, PrefixReuseEqualsAFreshPrefill) {
+  const Reference ref = load_reference(GetParam());
+  auto gpu = Model::load(fixtures_dir() / GetParam(), Device::CUDA);
+  SessionOptions so;
+  so.capacity = 96;
+  so.max_write = 4;
+  std::vector<int32_t> first(ref.ids.begin(), ref.ids.begin() + 21), second(ref.ids.begin(), ref.ids.begin() + 37);
+  Session a(gpu, so), fresh(gpu, so);
+  a.prefill(first);
+  const auto reuse = a.prefill_reusing(second);
+  EXPECT_GT(reuse.reused, 0) << GetParam();
+  fresh.prefill(second);
+  const int32_t t = a.sample();
+  EXPECT_EQ(t, fresh.sample()) << GetParam();
+  const std::vector<float> la = a.last_logits(), lf = fresh.last_logits();
+  ASSERT_EQ(la.size(), lf.size());
+  EXPECT_EQ(0, std::memcmp(la.data(), lf.data(), la.size() * sizeof(float))) << GetParam();
+  EXPECT_TRUE(decode(a, 10) == decode(fresh, 10)) << GetParam();
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, CudaLifecycle, ::testing::ValuesIn(fixture_families()),
+                         [](const auto& info) { return info.param; });
