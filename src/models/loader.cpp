@@ -192,6 +192,9 @@ std::vector<TensorLoad> plan_formats(const WeightStore& store, const ModelConfig
                companion(p.name, "scales"));
       continue;
     }
+    for (const TensorPlan::Part& p : plan.parts)
+      if (store.has(p.name) && store.get(p.name).dtype == DType::U32 && !store.has(companion(p.name, "scales")))
+        fail("weights", "tensor \"{}\" is packed (u32) but \"{}\" is missing", p.name, companion(p.name, "scales"));
     const std::string& first = plan.parts.front().name;
     const bool q0 = store.has(companion(first, "scales"));
     for (const TensorPlan::Part& p : plan.parts)
@@ -219,7 +222,7 @@ std::vector<TensorLoad> plan_formats(const WeightStore& store, const ModelConfig
 // read or allocated, so a checkpoint that does not match fails at once, not
 // after minutes of loading.
 void check_tensors(const WeightStore& store, const std::vector<TensorPlan>& plans,
-                   const std::vector<TensorLoad>& loads, const ModelConfig& c) {
+                   const std::vector<TensorLoad>& loads) {
   std::vector<std::string> missing;
   for (size_t i = 0; i < plans.size(); ++i)
     for (const TensorPlan::Part& p : plans[i].parts) {
@@ -241,9 +244,6 @@ void check_tensors(const WeightStore& store, const std::vector<TensorPlan>& plan
   for (size_t i = 0; i < plans.size(); ++i) {
     for (const TensorPlan::Part& p : plans[i].parts) {
       if (!loads[i].stored_quantized) {
-        const WeightView w = store.get(p.name);
-        if (w.dtype == DType::U32 && c.quantization.quantized())
-          fail("weights", "tensor \"{}\" is packed (u32) but \"{}\" is missing", p.name, companion(p.name, "scales"));
         need_float(store.get(p.name, p.shape));  // throws on a shape or an unusable dtype
         continue;
       }
@@ -299,7 +299,7 @@ LoadPlan plan_load(const WeightStore& store, const ModelConfig& c, Device device
   lp.plans = plan_weights(c, lp.names);
   lp.loads = plan_formats(store, c, lp.plans, quantize);
   check_unused(store, c, lp.names, lp.plans, lp.loads);
-  check_tensors(store, lp.plans, lp.loads, c);
+  check_tensors(store, lp.plans, lp.loads);
   for (size_t i = 0; i < lp.plans.size(); ++i) {
     for (const TensorPlan::Part& p : lp.plans[i].parts) {
       lp.stored_bytes += store.get(p.name).nbytes;
