@@ -14,7 +14,7 @@
 
 namespace kvgraph {
 
-enum class DType : uint8_t { F32, BF16, F16, I32, I64, U8 };
+enum class DType : uint8_t { F32, BF16, F16, I32, I64, U8, U32 };  // U32: packed quantized words
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -24,6 +24,7 @@ constexpr size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U8: return 1;
+    case DType::U32: return 4;
   }
   return 0;
 }
@@ -36,6 +37,7 @@ constexpr std::string_view dtype_name(DType t) {
     case DType::I32: return "i32";
     case DType::I64: return "i64";
     case DType::U8: return "u8";
+    case DType::U32: return "u32";
   }
   return "?";
 }
@@ -124,6 +126,7 @@ inline void widen_to_f32(const void* src, DType dt, size_t n, float* out) {
     case DType::I32: return each(int32_t{}, [](int32_t v) { return static_cast<float>(v); });
     case DType::I64: return each(int64_t{}, [](int64_t v) { return static_cast<float>(v); });
     case DType::U8: return each(uint8_t{}, [](uint8_t v) { return static_cast<float>(v); });
+    case DType::U32: return each(uint32_t{}, [](uint32_t v) { return static_cast<float>(v); });
   }
 }
 #endif

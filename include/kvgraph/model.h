@@ -12,21 +12,28 @@
 #include "kvgraph/model_config.h"
 #include "kvgraph/stream.h"
 #include "kvgraph/tensor.h"
+#include "kvgraph/weight.h"
 
 namespace kvgraph {
 
 // Projections are stored fused, so a decode step runs one GEMV where the
 // checkpoint has several: q, k and v stacked into one matrix, and gate and up
 // interleaved row by row (gate_0, up_0, gate_1, ...) for the gated epilogue.
+// Matrices are Weights: plain, or affine-quantized along their input dim (the
+// stacking and interleaving are by rows, so they apply to words, scales and
+// biases alike).
 struct LayerWeights {
-  Tensor qkv_proj;                               // [(Hq + 2 Hkv) * hd, D]: q rows, k rows, v rows
+  Weight qkv_proj;                               // [(Hq + 2 Hkv) * hd, D]: q rows, k rows, v rows
   Tensor qkv_bias;                               // [(Hq + 2 Hkv) * hd] or undefined
-  Tensor o_proj, o_bias;                         // [D, Hq*hd], [D] or undefined
+  Weight o_proj;                                 // [D, Hq*hd]
+  Tensor o_bias;                                 // [D] or undefined
   Tensor q_norm, k_norm;                         // f32 [hd] (qk_norm families)
   Tensor input_norm, post_attention_norm;        // f32 [D]
   Tensor pre_feedforward_norm, post_feedforward_norm;  // f32 [D] (Gemma sandwich norms)
-  Tensor gate_up_proj, gate_up_bias;             // [2F, D] interleaved, [2F] or undefined
-  Tensor down_proj, down_bias;                   // [D, F], [D] or undefined
+  Weight gate_up_proj;                           // [2F, D] interleaved
+  Tensor gate_up_bias;                           // [2F] or undefined
+  Weight down_proj;                              // [D, F]
+  Tensor down_bias;                              // [D] or undefined
 };
 
 // Activation buffers for steps of up to `max_T` tokens, allocated once so a
@@ -54,6 +61,8 @@ struct ModelInfo {
   DType matrix_dtype = DType::F32;  // as Model::matrix_dtype()
   size_t weight_bytes = 0;          // as Model::weight_bytes()
   size_t checkpoint_bytes = 0;      // checkpoint bytes those weights are read from (0: synthetic)
+  QuantFormat quantization;         // as Model::quantization()
+  bool quantized_checkpoint = false;  // stored quantized (else quantized on load, or not at all)
 };
 
 // Ring{window, max_write} for sliding layers, Flat{capacity} for the rest; a
@@ -70,16 +79,23 @@ class Model {
   enum class CpuWeights { automatic, f32, bf16 };
   // Loads config.json and the safetensors weights. Matrices: on CUDA in bf16
   // for bf16/f16 checkpoints, f32 otherwise; on the CPU as `cpu_weights` says.
+  // A checkpoint in MLX's affine layout (config.json "quantization") keeps
+  // its quantized matrices as stored (scales and biases in the matrix
+  // dtype). `quantize` (bits 4|8, group 32|64|128) quantizes every matrix of
+  // a float checkpoint on load (embedding and lm_head included) with MLX's
+  // rule (kvgraph/quant.h), except one whose input dim is not a multiple of
+  // the group, which stays float as mlx-lm leaves it; asking a quantized
+  // checkpoint for another format throws [weights].
   // Throws [model] when `dir` is not a directory, [config] for a config.json
   // it cannot use, [weights] / [safetensors] for a checkpoint that does not
   // match the config (every tensor's presence, shape and dtype is checked
   // before the first weight is read).
   static std::shared_ptr<Model> load(const std::filesystem::path& dir, Device device,
                                      const ProgressFn& progress = {},
-                                     CpuWeights cpu_weights = CpuWeights::automatic);
+                                     CpuWeights cpu_weights = CpuWeights::automatic, QuantFormat quantize = {});
   // What load would build, with the same checks, without reading a weight.
   static ModelInfo describe(const std::filesystem::path& dir, Device device,
-                            CpuWeights cpu_weights = CpuWeights::automatic);
+                            CpuWeights cpu_weights = CpuWeights::automatic, QuantFormat quantize = {});
   // Random bf16 weights at the real shape of a published model (no files):
   // qwen2.5-0.5b, llama3.2-1b, llama3.1-8b, mistral-7b, gemma3-1b.
   static std::shared_ptr<Model> synthetic(const std::string& name, Device device, uint64_t seed = 1);
@@ -89,7 +105,9 @@ class Model {
 
   const ModelConfig& config() const { return cfg_; }
   Device device() const { return device_; }
-  DType matrix_dtype() const { return matrix_dtype_; }
+  DType matrix_dtype() const { return matrix_dtype_; }  // of plain matrices, and of quantized ones' scales
+  // The format of the quantized matrices (bits 0: none is quantized).
+  QuantFormat quantization() const { return quantization_; }
   size_t weight_bytes() const { return weight_bytes_; }
   // Weight bytes one decode token reads: all of them, except that an untied
   // embedding table contributes a single row.
@@ -113,9 +131,11 @@ class Model {
   ModelConfig cfg_;
   Device device_ = Device::CPU;
   DType matrix_dtype_ = DType::F32;
+  QuantFormat quantization_;
   std::filesystem::path dir_;
   size_t weight_bytes_ = 0;
-  Tensor embed_, final_norm_, lm_head_;
+  Weight embed_, lm_head_;
+  Tensor final_norm_;
   Tensor inv_freq_global_, inv_freq_local_;  // f32 [hd/2]
   std::vector<LayerWeights> layers_;
 };

@@ -8,6 +8,7 @@
 
 #include "kvgraph/dtype.h"
 #include "kvgraph/scalar.h"
+#include "kvgraph/weight.h"
 
 namespace kvgraph {
 
@@ -85,6 +86,10 @@ struct ModelConfig {
   // model_type "gemma3" (multimodal wrapper): the decoder's values came from
   // "text_config", and its tensors carry a language-model prefix.
   bool nested_text_config = false;
+  // MLX affine quantization of the checkpoint's matrices: "quantization"
+  // {"group_size": G, "bits": B[, "mode": "affine"]} (or the same under
+  // "quantization_config", which mlx-lm also writes). bits 0: not quantized.
+  QuantFormat quantization;
 
   float attention_scale() const;  // softmax scale applied to q.k
 };

@@ -13,11 +13,14 @@
 #include "kvgraph/op_types.h"
 #include "kvgraph/stream.h"
 #include "kvgraph/tensor.h"
+#include "kvgraph/weight.h"
 
 namespace kvgraph::ops {
 
 // out f32 [T, D] = table [V, D] rows at ids i32 [T], times `scale`.
 void embedding(Stream& s, const Tensor& table, const Tensor& ids, Tensor& out, float scale);
+// The same from a Weight table [V, D], plain or quantized (rows dequantised as gathered).
+void embedding(Stream& s, const Weight& table, const Tensor& ids, Tensor& out, float scale);
 
 // out f32 [rows, D] = x / rms(x) * w (or * (1 + w) when plus_one); x f32 [rows, D], w [D].
 // out may alias x.
@@ -28,6 +31,12 @@ void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Ten
 
 // The same with fused prologue and epilogues (LinearOptions, op_types.h).
 void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const LinearOptions& o);
+
+// The same on a Weight [N, K], plain or affine-quantized (kvgraph/quant.h);
+// a bias must then be in the scales' float type. Quantized products equal
+// the plain product on the dequantised matrix (CPU: exactly the same BLAS
+// calls on f32 panels; CUDA: the fused-dequant GEMV, or bf16 slabs for T > 1).
+void linear(Stream& s, const Tensor& x, const Weight& w, Tensor& out, const LinearOptions& o);
 
 // out f32 [rows, D] += rms_norm(x) * w (Gemma's post-norms on the residual stream).
 void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);

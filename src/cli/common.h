@@ -49,12 +49,15 @@ struct ModelFlags {
   int chunk = 64;           // prefill step (max_write)
   std::string kv_dtype;     // f32 | bf16 | f16; default f32 on CPU, bf16 on CUDA
   std::string cpu_weights = "auto";  // auto | f32 | bf16 (Model::CpuWeights)
+  std::string weights;      // empty or bf16: as stored; int8 | int4: quantized on load (MLX affine)
+  int group_size = 64;      // of --weights int8|int4: 32, 64 or 128
   bool eager = false;
   bool quiet = false;
   std::string tune;         // Tuning::parse spec; empty: the defaults
   void add(CLI::App& app);
   void check() const;       // ranges of --capacity and --chunk (UsageError); before any work
   DType kv_storage(Device d) const;
+  QuantFormat quantize() const;  // of --weights / --group-size (bits 0: as stored)
   Tuning tuning() const { return Tuning::parse(tune); }
 };
 

@@ -37,8 +37,8 @@ void Model::upload_rope() {
 }
 
 size_t Model::weight_bytes_read_per_token() const {
-  if (lm_head_.raw() == embed_.raw()) return weight_bytes_;  // tied: the lm_head reads the table
-  return weight_bytes_ - embed_.nbytes() + static_cast<size_t>(embed_.dim(1)) * dtype_size(embed_.dtype());
+  if (lm_head_.same_as(embed_)) return weight_bytes_;  // tied: the lm_head reads the table
+  return weight_bytes_ - embed_.nbytes() + embed_.row_bytes();
 }
 
 Workspace Model::make_workspace(int max_T, bool all_logits) const {

@@ -124,7 +124,7 @@ constexpr Dim D = Dim::hidden, F = Dim::intermediate, V = Dim::vocab, Q = Dim::q
 // Makes each tensor of `specs` that `c` needs into its field of `owner`.
 template <class Owner>
 void visit(const std::vector<SlotSpec<Owner>>& specs, const ModelConfig& c, const std::string& prefix,
-           const std::string& top, Owner& owner, const std::function<Tensor(const TensorPlan&)>& make) {
+           const std::string& top, Owner& owner, const std::function<Weight(const TensorPlan&)>& make) {
   for (const SlotSpec<Owner>& s : specs) {
     if (!needed(s.when, c)) continue;
     TensorPlan plan{s.role, s.fuse, {}};
@@ -133,7 +133,13 @@ void visit(const std::vector<SlotSpec<Owner>>& specs, const ModelConfig& c, cons
       for (Dim d : t.shape) shape.push_back(dim_size(d, c));
       plan.parts.push_back({(s.outside_decoder ? top : prefix) + std::string(t.name), std::move(shape)});
     }
-    owner.*s.dest = make(plan);
+    Weight made = make(plan);
+    if (auto* to_weight = std::get_if<Weight Owner::*>(&s.dest)) {
+      owner.**to_weight = std::move(made);
+    } else {
+      if (made.quantized()) fail("weights", "\"{}\" cannot be quantized", plan.parts.front().name);
+      owner.*std::get<Tensor Owner::*>(s.dest) = std::move(made.w);
+    }
   }
 }
 
@@ -234,7 +240,7 @@ std::vector<int64_t> TensorPlan::shape() const {
 }
 
 Weights build_weights(const ModelConfig& c, const CheckpointNames& names,
-                      const std::function<Tensor(const TensorPlan&)>& make) {
+                      const std::function<Weight(const TensorPlan&)>& make) {
   Weights w;
   visit(model_tensors(), c, names.decoder, names.top, w, make);
   if (c.tie_word_embeddings) w.lm_head = w.embed;
@@ -248,17 +254,26 @@ std::vector<TensorPlan> plan_weights(const ModelConfig& c, const CheckpointNames
   std::vector<TensorPlan> plans;
   build_weights(c, names, [&](const TensorPlan& p) {
     plans.push_back(p);
-    return Tensor();
+    return Weight();
   });
   return plans;
 }
 
 size_t planned_bytes(const std::vector<TensorPlan>& plans, DType matrix_dtype) {
+  return planned_bytes(plans, matrix_dtype, std::vector<QuantFormat>(plans.size()));
+}
+
+size_t planned_bytes(const std::vector<TensorPlan>& plans, DType matrix_dtype, const std::vector<QuantFormat>& formats) {
   size_t bytes = 0;
-  for (const TensorPlan& p : plans) {
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const TensorPlan& p = plans[i];
     size_t n = 1;
     for (int64_t d : p.shape()) n *= static_cast<size_t>(d);
-    bytes += n * (p.role == Role::norm ? dtype_size(DType::F32) : dtype_size(matrix_dtype));
+    const QuantFormat f = i < formats.size() ? formats[i] : QuantFormat{};
+    if (f.quantized())  // words, then a scale and a bias per group
+      bytes += n * f.bits / 8 + 2 * (n / f.group) * dtype_size(matrix_dtype);
+    else
+      bytes += n * (p.role == Role::norm ? dtype_size(DType::F32) : dtype_size(matrix_dtype));
   }
   return bytes;
 }

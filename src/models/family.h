@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "kvgraph/model.h"
@@ -111,7 +112,7 @@ bool needed(Need n, const ModelConfig& c);
 
 // How a Model tensor is stored, and what a synthetic checkpoint fills it with.
 enum class Role {
-  matrix,  // matrix dtype; random, scale cols^-1/2
+  matrix,  // matrix dtype, or affine-quantized (a Weight); random, scale cols^-1/2
   bias,    // matrix dtype (the CUDA GEMV reads it like its matrix); random, scale 0.01
   norm,    // f32; ones, or zeros where the norm multiplies by (1 + w)
 };
@@ -126,9 +127,10 @@ struct TensorSpec {
 };
 
 // One Model tensor: where it goes and the checkpoint tensors it is made of.
+// Matrices go to a Weight (plain or quantized), everything else to a Tensor.
 template <class Owner>
 struct SlotSpec {
-  Tensor Owner::*dest;
+  std::variant<Tensor Owner::*, Weight Owner::*> dest;
   Role role;
   Need when;
   Fuse fuse;
@@ -138,9 +140,9 @@ struct SlotSpec {
 
 // A Model's tensors, as build_weights makes them.
 struct Weights {
-  Tensor embed;       // [V, D]
+  Weight embed;       // [V, D]
   Tensor final_norm;  // f32 [D]
-  Tensor lm_head;     // [V, D]; the embedding itself when tied
+  Weight lm_head;     // [V, D]; the embedding itself when tied
   std::vector<LayerWeights> layers;
 };
 
@@ -172,13 +174,17 @@ struct TensorPlan {
 };
 
 // Every Model tensor `c` needs, made by `make` in schema order; a tensor
-// whose Need is off stays undefined, a tied lm_head is the embedding.
+// whose Need is off stays undefined, a tied lm_head is the embedding. `make`
+// returns a quantized Weight only for Role::matrix plans.
 Weights build_weights(const ModelConfig& c, const CheckpointNames& names,
-                      const std::function<Tensor(const TensorPlan&)>& make);
+                      const std::function<Weight(const TensorPlan&)>& make);
 // The plans build_weights hands to `make`, in the same order.
 std::vector<TensorPlan> plan_weights(const ModelConfig& c, const CheckpointNames& names);
 // Bytes of the Model tensors `plans` make: matrices and biases in
 // `matrix_dtype`, norms in f32 (see Role).
 size_t planned_bytes(const std::vector<TensorPlan>& plans, DType matrix_dtype);
+// The same when matrix plan i is quantized as formats[i] says (bits 0: plain;
+// scales and biases in matrix_dtype).
+size_t planned_bytes(const std::vector<TensorPlan>& plans, DType matrix_dtype, const std::vector<QuantFormat>& formats);
 
 }  // namespace kvgraph

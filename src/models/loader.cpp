@@ -2,12 +2,14 @@
 // shape-checked as the family schema (family.h) lists them, all of them
 // before the first weight is read.
 
+#include <cstring>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "kvgraph/error.h"
 #include "kvgraph/model.h"
+#include "kvgraph/quant.h"
 #include "kvgraph/safetensors.h"
 #include "models/family.h"
 
@@ -23,6 +25,39 @@ Tensor upload(const std::vector<float>& host, std::vector<int64_t> shape, DType 
   return Tensor::from_host(h.data(), std::move(shape), DType::BF16, device);
 }
 
+// The checkpoint names of a quantized matrix part "X.weight": "X.scales", "X.biases".
+std::string companion(const std::string& weight_name, const char* what) {
+  const std::string suffix = ".weight";
+  const bool has = weight_name.size() > suffix.size() &&
+                   weight_name.compare(weight_name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return (has ? weight_name.substr(0, weight_name.size() - suffix.size()) : weight_name) + "." + what;
+}
+
+// Parts of one Model tensor, each `rows[i]` rows of `row` elements, laid out
+// as the plan says: stacked (all rows of each part in turn) or interleaved
+// (row r of each part in turn). Row-wise, so it serves values, packed words,
+// scales and biases alike.
+template <typename T>
+std::vector<T> fuse_rows(std::vector<std::vector<T>>&& parts, int64_t row, Fuse fuse) {
+  if (parts.size() == 1) return std::move(parts.front());
+  std::vector<T> all;
+  if (fuse == Fuse::interleave) {
+    const int64_t rows = static_cast<int64_t>(parts.front().size()) / row;
+    for (int64_t r = 0; r < rows; ++r)
+      for (const std::vector<T>& v : parts) all.insert(all.end(), v.begin() + r * row, v.begin() + (r + 1) * row);
+  } else {
+    for (const std::vector<T>& v : parts) all.insert(all.end(), v.begin(), v.end());
+  }
+  return all;
+}
+
+// How one Model tensor is made: as stored (plain, or quantized in the
+// checkpoint) or quantized on load.
+struct TensorLoad {
+  QuantFormat format;             // of the Model tensor (bits 0: plain)
+  bool stored_quantized = false;  // the checkpoint holds words, scales and biases
+};
+
 struct Loader {
   const WeightStore& store;
   Device device;
@@ -32,34 +67,64 @@ struct Loader {
   const ProgressFn& progress;
   size_t* weight_bytes;
 
+  void count(size_t bytes) {
+    done_bytes += bytes;
+    if (progress) progress(done_bytes, total_bytes);
+  }
   // One checkpoint tensor as f32 values on the host (shape-checked).
   std::vector<float> host(const std::string& name, const std::vector<int64_t>& shape) {
     WeightView w = store.get(name, shape);  // name, shape and dtype checked by check_tensors
     std::vector<float> v = to_f32(w);
-    done_bytes += w.nbytes;
-    if (progress) progress(done_bytes, total_bytes);
+    count(w.nbytes);
     return v;
   }
-  // The parts of one Model tensor, read and laid out as the plan says:
-  // stacked (all rows of each part in turn) or interleaved (row r of each part in turn).
-  Tensor make(const TensorPlan& plan) {
+  std::vector<uint32_t> words(const std::string& name, const std::vector<int64_t>& shape) {
+    WeightView w = store.get(name, shape);
+    std::vector<uint32_t> v(static_cast<size_t>(w.numel()));
+    std::memcpy(v.data(), w.data, w.nbytes);  // little-endian, as safetensors stores it
+    count(w.nbytes);
+    return v;
+  }
+  Weight quantized(std::vector<uint32_t>&& w, std::vector<float>&& scales, std::vector<float>&& biases,
+                   int64_t N, int64_t K, QuantFormat f) {
+    Weight q;
+    q.format = f;
+    q.w = Tensor::from_host(w.data(), {N, K * f.bits / 32}, DType::U32, device);
+    q.scales = upload(scales, {N, K / f.group}, matrix_dtype, device);
+    q.biases = upload(biases, {N, K / f.group}, matrix_dtype, device);
+    *weight_bytes += q.nbytes();
+    return q;
+  }
+  Weight make(const TensorPlan& plan, const TensorLoad& how) {
+    const std::vector<int64_t> shape = plan.shape();
+    const int64_t N = shape[0], K = shape.size() > 1 ? shape[1] : 1;
+    if (how.stored_quantized) {
+      const QuantFormat f = how.format;
+      std::vector<std::vector<uint32_t>> w;
+      std::vector<std::vector<float>> sc, bi;
+      for (const TensorPlan::Part& p : plan.parts) {
+        const int64_t rows = p.shape[0];
+        w.push_back(words(p.name, {rows, K * f.bits / 32}));
+        sc.push_back(host(companion(p.name, "scales"), {rows, K / f.group}));
+        bi.push_back(host(companion(p.name, "biases"), {rows, K / f.group}));
+      }
+      return quantized(fuse_rows(std::move(w), K * f.bits / 32, plan.fuse),
+                       fuse_rows(std::move(sc), K / f.group, plan.fuse),
+                       fuse_rows(std::move(bi), K / f.group, plan.fuse), N, K, f);
+    }
     std::vector<std::vector<float>> parts;
     for (const TensorPlan::Part& p : plan.parts) parts.push_back(host(p.name, p.shape));
-    const std::vector<int64_t> shape = plan.shape();
-    std::vector<float> all;
-    if (parts.size() == 1) {
-      all = std::move(parts.front());
-    } else if (plan.fuse == Fuse::interleave) {
-      const std::vector<int64_t>& part_shape = plan.parts.front().shape;
-      const int64_t rows = part_shape[0], row = part_shape.size() > 1 ? part_shape[1] : 1;
-      for (int64_t r = 0; r < rows; ++r)
-        for (const std::vector<float>& v : parts) all.insert(all.end(), v.begin() + r * row, v.begin() + (r + 1) * row);
-    } else {
-      for (const std::vector<float>& v : parts) all.insert(all.end(), v.begin(), v.end());
+    std::vector<float> all = fuse_rows(std::move(parts), shape.size() > 1 ? K : 1, plan.fuse);
+    if (how.format.quantized()) {
+      const QuantFormat f = how.format;
+      std::vector<uint32_t> w(static_cast<size_t>(N * K * f.bits / 32));
+      std::vector<float> sc(static_cast<size_t>(N * (K / f.group))), bi(sc.size());
+      affine_quantize(all.data(), N, K, f.bits, f.group, w.data(), sc.data(), bi.data());
+      return quantized(std::move(w), std::move(sc), std::move(bi), N, K, f);
     }
     Tensor t = upload(all, shape, plan.role == Role::norm ? DType::F32 : matrix_dtype, device);
     *weight_bytes += t.nbytes();
-    return t;
+    return Weight(t);
   }
 };
 
@@ -79,16 +144,23 @@ CheckpointNames checkpoint_names(const WeightStore& store, const ModelConfig& c)
 // checkpoint, and everything outside the text decoder of a multimodal one
 // (vision tower, projector).
 void check_unused(const WeightStore& store, const ModelConfig& c, const CheckpointNames& names,
-                  const std::vector<TensorPlan>& plans) {
+                  const std::vector<TensorPlan>& plans, const std::vector<TensorLoad>& loads) {
   std::set<std::string> used;
-  for (const TensorPlan& plan : plans)
-    for (const TensorPlan::Part& p : plan.parts) used.insert(p.name);
+  for (size_t i = 0; i < plans.size(); ++i)
+    for (const TensorPlan::Part& p : plans[i].parts) {
+      used.insert(p.name);
+      if (loads[i].stored_quantized) {
+        used.insert(companion(p.name, "scales"));
+        used.insert(companion(p.name, "biases"));
+      }
+    }
   const std::string head = names.top + "lm_head.weight";
+  const std::set<std::string> heads = {head, companion(head, "scales"), companion(head, "biases")};
   std::vector<std::string> unused;
   for (const std::string& n : store.names()) {
     if (used.count(n) || n.find("rotary_emb.inv_freq") != std::string::npos) continue;
-    if (n == head && c.tie_word_embeddings) continue;
-    if (c.nested_text_config && n.rfind(names.decoder, 0) != 0 && n != head) continue;
+    if (heads.count(n) && c.tie_word_embeddings) continue;
+    if (c.nested_text_config && n.rfind(names.decoder, 0) != 0 && !heads.count(n)) continue;
     unused.push_back(n);
   }
   if (unused.empty()) return;
@@ -100,15 +172,64 @@ void check_unused(const WeightStore& store, const ModelConfig& c, const Checkpoi
        unused.size(), c.model_type, c.num_layers, list);
 }
 
-// Every checkpoint tensor the plans name is present, at its shape, in a float
-// type: checked over the whole list before any weight is read or allocated,
-// so a checkpoint that does not match fails at once, not after minutes of
-// loading.
-void check_tensors(const WeightStore& store, const std::vector<TensorPlan>& plans) {
-  std::vector<std::string> missing;
-  for (const TensorPlan& plan : plans)
+// How each plan is stored and made. A matrix part is stored quantized when the
+// checkpoint has its ".scales" (MLX layout); the config must then say how
+// ("quantization"), and every part of a fused matrix must be stored alike.
+// Plain float matrices are quantized on load when `quantize` asks and their
+// input dim is a multiple of the group.
+std::vector<TensorLoad> plan_formats(const WeightStore& store, const ModelConfig& c,
+                                     const std::vector<TensorPlan>& plans, QuantFormat quantize) {
+  if (quantize.quantized() && !supported(quantize))
+    fail("weights", "cannot quantize to {} bits in groups of {} (supported: 4 or 8 bits, groups of 32, 64 or 128)",
+         quantize.bits, quantize.group);
+  std::vector<TensorLoad> loads(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const TensorPlan& plan = plans[i];
+    if (plan.role != Role::matrix) {
+      for (const TensorPlan::Part& p : plan.parts)
+        if (store.has(companion(p.name, "scales")))
+          fail("weights", "tensor \"{}\" has scales (\"{}\") but kvgraph quantizes only matrices", p.name,
+               companion(p.name, "scales"));
+      continue;
+    }
     for (const TensorPlan::Part& p : plan.parts)
+      if (store.has(p.name) && store.get(p.name).dtype == DType::U32 && !store.has(companion(p.name, "scales")))
+        fail("weights", "tensor \"{}\" is packed (u32) but \"{}\" is missing", p.name, companion(p.name, "scales"));
+    const std::string& first = plan.parts.front().name;
+    const bool q0 = store.has(companion(first, "scales"));
+    for (const TensorPlan::Part& p : plan.parts)
+      if (store.has(companion(p.name, "scales")) != q0)
+        fail("weights", "tensors \"{}\" and \"{}\" are fused into one matrix, but only one of them is quantized",
+             first, p.name);
+    if (q0) {
+      if (!c.quantization.quantized())
+        fail("weights", "tensor \"{}\" is quantized (\"{}\" is present) but {} has no \"quantization\" saying "
+             "how (bits, group_size)", first, companion(first, "scales"), c.source);
+      if (quantize.quantized() && quantize != c.quantization)
+        fail("weights", "the checkpoint is already quantized (int{}, group {}); it cannot be loaded as int{}, group {}",
+             c.quantization.bits, c.quantization.group, quantize.bits, quantize.group);
+      loads[i] = {c.quantization, true};
+    } else if (quantize.quantized() && plan.shape().size() == 2 && plan.shape()[1] % quantize.group == 0) {
+      loads[i] = {quantize, false};
+    }
+  }
+  return loads;
+}
+
+// Every checkpoint tensor the plans name is present, at its shape, in a float
+// type (quantized matrices: u32 words, float scales and biases at the shapes
+// their format implies): checked over the whole list before any weight is
+// read or allocated, so a checkpoint that does not match fails at once, not
+// after minutes of loading.
+void check_tensors(const WeightStore& store, const std::vector<TensorPlan>& plans,
+                   const std::vector<TensorLoad>& loads) {
+  std::vector<std::string> missing;
+  for (size_t i = 0; i < plans.size(); ++i)
+    for (const TensorPlan::Part& p : plans[i].parts) {
       if (!store.has(p.name)) missing.push_back(p.name);
+      if (loads[i].stored_quantized && !store.has(companion(p.name, "biases")))
+        missing.push_back(companion(p.name, "biases"));
+    }
   if (!missing.empty()) {
     std::string more;
     for (size_t i = 1; i < missing.size() && i < 4; ++i) more += (i > 1 ? ", \"" : " (also \"") + missing[i] + "\"";
@@ -116,11 +237,26 @@ void check_tensors(const WeightStore& store, const std::vector<TensorPlan>& plan
     if (!more.empty()) more += ")";
     fail("weights", "missing tensor \"{}\" in {}{}", missing.front(), store.dir().string(), more);
   }
-  for (const TensorPlan& plan : plans) {
-    for (const TensorPlan::Part& p : plan.parts) {
-      const WeightView w = store.get(p.name, p.shape);  // throws on a shape or an unusable dtype
-      if (w.dtype != DType::F32 && w.dtype != DType::BF16 && w.dtype != DType::F16)
-        fail("weights", "tensor \"{}\": dtype {} is not a float type", p.name, dtype_name(w.dtype));
+  auto need_float = [](const WeightView& w) {
+    if (w.dtype != DType::F32 && w.dtype != DType::BF16 && w.dtype != DType::F16)
+      fail("weights", "tensor \"{}\": dtype {} is not a float type", w.name, dtype_name(w.dtype));
+  };
+  for (size_t i = 0; i < plans.size(); ++i) {
+    for (const TensorPlan::Part& p : plans[i].parts) {
+      if (!loads[i].stored_quantized) {
+        need_float(store.get(p.name, p.shape));  // throws on a shape or an unusable dtype
+        continue;
+      }
+      const QuantFormat f = loads[i].format;
+      const int64_t rows = p.shape[0], K = p.shape[1];
+      if (K % f.group)
+        fail("weights", "tensor \"{}\": its input dim {} is not a multiple of the quantization group size {} "
+             "(config.json \"quantization\")", p.name, K, f.group);
+      const WeightView w = store.get(p.name, {rows, K * f.bits / 32});
+      if (w.dtype != DType::U32)
+        fail("weights", "tensor \"{}\": a quantized matrix must be packed in U32 words, found {}", p.name,
+             dtype_name(w.dtype));
+      for (const char* what : {"scales", "biases"}) need_float(store.get(companion(p.name, what), {rows, K / f.group}));
     }
   }
 }
@@ -143,24 +279,45 @@ void check_model_dir(const std::filesystem::path& dir) {
 struct LoadPlan {
   CheckpointNames names;
   std::vector<TensorPlan> plans;
+  std::vector<TensorLoad> loads;  // per plan
   size_t stored_bytes = 0;  // what is read (no vision tower, no tied lm_head): progress counts it
   DType matrix_dtype = DType::F32;
+  QuantFormat quantization;       // of the quantized matrices (bits 0: none)
+  bool stored_quantized = false;  // some matrix is quantized in the checkpoint
+
+  std::vector<QuantFormat> formats() const {
+    std::vector<QuantFormat> f;
+    for (const TensorLoad& l : loads) f.push_back(l.format);
+    return f;
+  }
 };
 
-LoadPlan plan_load(const WeightStore& store, const ModelConfig& c, Device device, Model::CpuWeights cpu_weights) {
+LoadPlan plan_load(const WeightStore& store, const ModelConfig& c, Device device, Model::CpuWeights cpu_weights,
+                   QuantFormat quantize) {
   LoadPlan lp;
   lp.names = checkpoint_names(store, c);
   lp.plans = plan_weights(c, lp.names);
-  check_unused(store, c, lp.names, lp.plans);
-  check_tensors(store, lp.plans);
-  for (const TensorPlan& plan : lp.plans)
-    for (const TensorPlan::Part& p : plan.parts) lp.stored_bytes += store.get(p.name).nbytes;
+  lp.loads = plan_formats(store, c, lp.plans, quantize);
+  check_unused(store, c, lp.names, lp.plans, lp.loads);
+  check_tensors(store, lp.plans, lp.loads);
+  for (size_t i = 0; i < lp.plans.size(); ++i) {
+    for (const TensorPlan::Part& p : lp.plans[i].parts) {
+      lp.stored_bytes += store.get(p.name).nbytes;
+      if (lp.loads[i].stored_quantized)
+        lp.stored_bytes += store.get(companion(p.name, "scales")).nbytes + store.get(companion(p.name, "biases")).nbytes;
+    }
+    if (lp.loads[i].format.quantized()) lp.quantization = lp.loads[i].format;
+    lp.stored_quantized = lp.stored_quantized || lp.loads[i].stored_quantized;
+  }
 
   // Matrices: CUDA keeps 16-bit checkpoints in bf16. The CPU keeps a
   // checkpoint in bf16 only when it is stored in bf16 (lossless) and
   // cpu_weights allows it (see CpuWeights); otherwise it widens to f32.
+  // Scales and biases of quantized matrices follow the same rule.
   const std::string embed_name = lp.names.decoder + "embed_tokens.weight";
-  const bool stored_bf16 = c.weight_dtype == DType::BF16 && store.get(embed_name).dtype == DType::BF16;
+  const std::string embed_float =
+      lp.loads.front().stored_quantized ? companion(embed_name, "scales") : embed_name;
+  const bool stored_bf16 = c.weight_dtype == DType::BF16 && store.get(embed_float).dtype == DType::BF16;
   bool bf16 = c.weight_dtype != DType::F32;
   if (device == Device::CPU) {
     constexpr size_t kAutoBf16 = size_t(1) << 30;  // f32 bytes above which automatic keeps bf16
@@ -173,22 +330,25 @@ LoadPlan plan_load(const WeightStore& store, const ModelConfig& c, Device device
 
 }  // namespace
 
-ModelInfo Model::describe(const std::filesystem::path& dir, Device device, CpuWeights cpu_weights) {
+ModelInfo Model::describe(const std::filesystem::path& dir, Device device, CpuWeights cpu_weights,
+                          QuantFormat quantize) {
   check_model_dir(dir);
   ModelInfo info;
   info.config = load_model_config(dir);
   info.dir = dir;
   info.device = device;
   WeightStore store(dir);
-  const LoadPlan lp = plan_load(store, info.config, device, cpu_weights);
+  const LoadPlan lp = plan_load(store, info.config, device, cpu_weights, quantize);
   info.matrix_dtype = lp.matrix_dtype;
-  info.weight_bytes = planned_bytes(lp.plans, lp.matrix_dtype);
+  info.weight_bytes = planned_bytes(lp.plans, lp.matrix_dtype, lp.formats());
+  info.quantization = lp.quantization;
+  info.quantized_checkpoint = lp.stored_quantized;
   info.checkpoint_bytes = lp.stored_bytes;
   return info;
 }
 
 std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device device, const ProgressFn& progress,
-                                   CpuWeights cpu_weights) {
+                                   CpuWeights cpu_weights, QuantFormat quantize) {
   check_model_dir(dir);
   std::shared_ptr<Model> m(new Model());
   m->cfg_ = load_model_config(dir);
@@ -196,11 +356,13 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
   m->dir_ = dir;
   const ModelConfig& c = m->cfg_;
   WeightStore store(dir);
-  const LoadPlan lp = plan_load(store, c, device, cpu_weights);
+  const LoadPlan lp = plan_load(store, c, device, cpu_weights, quantize);
   m->matrix_dtype_ = lp.matrix_dtype;
+  m->quantization_ = lp.quantization;
   Loader ld{store, device, m->matrix_dtype_, lp.stored_bytes, 0, progress, &m->weight_bytes_};
 
-  Weights w = build_weights(c, lp.names, [&](const TensorPlan& plan) { return ld.make(plan); });
+  size_t next = 0;  // build_weights hands the plans over in plan_weights' order
+  Weights w = build_weights(c, lp.names, [&](const TensorPlan& plan) { return ld.make(plan, lp.loads.at(next++)); });
   m->embed_ = std::move(w.embed);
   m->final_norm_ = std::move(w.final_norm);
   m->lm_head_ = std::move(w.lm_head);

@@ -396,6 +396,41 @@ float round_through(float x, DType dt) {
   }
 }
 
+// config.json "quantization" (mlx-lm), or "quantization_config" when it is
+// MLX's (no "quant_method": GPTQ, AWQ, bitsandbytes ... are other formats).
+QuantFormat parse_quantization(const json& root, const std::string& source) {
+  const char* key = "quantization";
+  auto it = root.find(key);
+  if (it == root.end() || it->is_null()) {
+    key = "quantization_config";
+    it = root.find(key);
+    if (it == root.end() || it->is_null()) return {};
+  }
+  const json& q = *it;
+  if (!q.is_object()) fail("config", "{}: \"{}\" must be an object, found {}", source, key, show(q));
+  if (auto m = q.find("quant_method"); m != q.end())
+    fail("config", "{}: \"{}\": quantization method {} is not supported (supported: MLX affine, "
+         "\"quantization\": {{\"group_size\": G, \"bits\": B}})", source, key, show(*m));
+  if (auto m = q.find("mode"); m != q.end() && !(m->is_string() && m->get<std::string>() == "affine"))
+    fail("config", "{}: \"{}.mode\" {} is not supported (supported: \"affine\")", source, key, show(*m));
+  QuantFormat f;
+  for (auto [name, field] : {std::pair{"bits", &QuantFormat::bits}, std::pair{"group_size", &QuantFormat::group}}) {
+    auto v = q.find(name);
+    if (v == q.end()) fail("config", "{}: \"{}\" has no \"{}\"", source, key, name);
+    auto i = Reader::as_integer(*v);
+    if (!i || *i < 0 || *i > 1024) fail("config", "{}: \"{}.{}\" must be an integer, found {}", source, key, name, show(*v));
+    f.*field = static_cast<int>(*i);
+  }
+  if (!supported(f))
+    fail("config", "{}: \"{}\": {} bits in groups of {} is not supported (supported: 4 or 8 bits, groups of 32, 64 "
+         "or 128)", source, key, f.bits, f.group);
+  for (auto e = q.begin(); e != q.end(); ++e)
+    if (e.value().is_object() || e.value().is_boolean())
+      fail("config", "{}: \"{}\": per-layer settings (\"{}\") are not supported; every quantized matrix must use "
+           "{} bits in groups of {}", source, key, e.key(), f.bits, f.group);
+  return f;
+}
+
 ModelConfig parse_root(const json& root, const std::string& source) {
   if (!root.is_object()) fail("config", "{}: expected a JSON object at the top level", source);
   auto mt = root.find("model_type");
@@ -511,6 +546,7 @@ ModelConfig parse_root(const json& root, const std::string& source) {
                                     cfg.weight_dtype);
   }
 
+  cfg.quantization = parse_quantization(root, source);
   cfg.eos_token_ids = parse_eos(r, d.eos);
   {
     const json* b = r.find("bos_token_id", /*use_fallback=*/true);

@@ -43,7 +43,7 @@ constexpr DTypeInfo kDTypes[] = {
     {"F32", 32, DType::F32},   {"BF16", 16, DType::BF16},  {"F16", 16, DType::F16},
     {"I32", 32, DType::I32},   {"I64", 64, DType::I64},    {"U8", 8, DType::U8},
     {"F64", 64, std::nullopt}, {"I8", 8, std::nullopt},    {"I16", 16, std::nullopt},
-    {"U16", 16, std::nullopt}, {"U32", 32, std::nullopt},  {"U64", 64, std::nullopt},
+    {"U16", 16, std::nullopt}, {"U32", 32, DType::U32},  {"U64", 64, std::nullopt},
     {"BOOL", 8, std::nullopt}, {"F8_E4M3", 8, std::nullopt}, {"F8_E5M2", 8, std::nullopt},
     {"F8_E8M0", 8, std::nullopt}, {"C64", 64, std::nullopt}, {"F4", 4, std::nullopt},
     {"F6_E2M3", 6, std::nullopt}, {"F6_E3M2", 6, std::nullopt},
@@ -290,7 +290,7 @@ WeightView SafetensorsFile::get(std::string_view name) const {
   if (it == entries_.end()) fail("weights", "missing tensor \"{}\" in {}", name, path().string());
   const Entry& e = it->second;
   if (!e.dtype) {
-    fail("weights", "tensor \"{}\" in {}: dtype {} is not supported (kvgraph reads F32, BF16, F16, I32, I64, U8)",
+    fail("weights", "tensor \"{}\" in {}: dtype {} is not supported (kvgraph reads F32, BF16, F16, I32, I64, U8, U32)",
          name, path().string(), e.dtype_name);
   }
   WeightView v;

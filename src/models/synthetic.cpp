@@ -98,7 +98,7 @@ std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, 
       ops::fill_random(s, t, next++ * 0x9E3779B97F4A7C15ull, scale);
     }
     m->weight_bytes_ += t.nbytes();
-    return t;
+    return Weight(t);
   });
   m->embed_ = std::move(w.embed);
   m->final_norm_ = std::move(w.final_norm);

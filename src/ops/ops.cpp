@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstring>
 #include <vector>
 
@@ -40,7 +41,50 @@ void need_cpu_matrix(const Tensor& t, const char* op) {
     fail(op, "CPU backend expects f32 or bf16 weights, got {}", dtype_name(t.dtype()));
 }
 
+// A quantized Weight is whole and consistent: u32 words [N, K * bits / 32],
+// a supported format, scales and biases of one float type, both [N, K / group],
+// all on the stream's device.
+void need_weight(const Weight& w, Device d, const char* op) {
+  if (!w.defined()) fail(op, "weight is undefined");
+  if (w.w.rank() != 2) fail(op, "weight must be a matrix, got {}", w.w.shape_str());
+  if (w.device() != d) fail(op, "weight is on {}, the stream on {}", device_name(w.device()), device_name(d));
+  if (!w.quantized()) return;
+  const QuantFormat f = w.format;
+  if (!supported(f)) fail(op, "quantized weight: {} bits in groups of {} (supported: 4 or 8 bits, groups of 32, 64 or 128)", f.bits, f.group);
+  if (w.w.dtype() != DType::U32) fail(op, "quantized weight: words must be u32, got {}", dtype_name(w.w.dtype()));
+  if (!w.scales.defined() || !w.biases.defined()) fail(op, "quantized weight without scales or biases");
+  const DType ft = w.scales.dtype();
+  if ((ft != DType::F32 && ft != DType::BF16) || w.biases.dtype() != ft)
+    fail(op, "quantized weight: scales and biases must be both f32 or both bf16, got {} and {}", dtype_name(ft),
+         dtype_name(w.biases.dtype()));
+  const int64_t N = w.rows(), K = w.cols();
+  if (K % f.group) fail(op, "quantized weight: K = {} is not a multiple of the group size {}", K, f.group);
+  const std::vector<int64_t> want = {N, K / f.group};
+  if (w.scales.shape() != want || w.biases.shape() != want)
+    fail(op, "quantized weight [{}, {}] in groups of {}: scales and biases must be [{}, {}], got {} and {}", N, K,
+         f.group, N, K / f.group, w.scales.shape_str(), w.biases.shape_str());
+  if (w.scales.device() != d || w.biases.device() != d) fail(op, "quantized weight: scales and biases on another device");
+}
+
+cpu::AffineRows affine_rows(const Weight& w) {
+  return {.words = w.w.data<uint32_t>(), .scales = w.scales.raw(), .biases = w.biases.raw(),
+          .scales_bf16 = w.scales.dtype() == DType::BF16, .bits = w.format.bits, .group = w.format.group};
+}
+
 }  // namespace
+
+void embedding(Stream& s, const Weight& table, const Tensor& ids, Tensor& out, float scale) {
+  if (!table.quantized()) return embedding(s, table.w, ids, out, scale);
+  need_weight(table, s.device(), "embedding");
+  need(ids.dtype() == DType::I32, "embedding", "ids must be i32");
+  need_f32(out, "embedding", "out");
+  const int T = static_cast<int>(ids.numel());
+  const int D = static_cast<int>(table.cols());
+  need(out.numel() == int64_t(T) * D, "embedding", "out must be [T, D]");
+  if (s.device() == Device::CUDA) KV_CUDA_OP(embedding_affine, s, table, ids, out, scale);
+  s.submit([tab = affine_rows(table), V = table.rows(), id = ids.data<int32_t>(), T, D, scale,
+            o = out.data<float>()] { cpu::embedding_affine(tab, V, id, T, D, scale, o); });
+}
 
 void embedding(Stream& s, const Tensor& table, const Tensor& ids, Tensor& out, float scale) {
   need(ids.dtype() == DType::I32, "embedding", "ids must be i32");
@@ -76,8 +120,14 @@ void linear(Stream& s, const Tensor& x, const Tensor& w, const Tensor* bias, Ten
 }
 
 void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const LinearOptions& o) {
+  linear(s, x, Weight(w), out, o);
+}
+
+void linear(Stream& s, const Tensor& x, const Weight& weight, Tensor& out, const LinearOptions& o) {
   need_f32(x, "linear", "x");
-  const int N = static_cast<int>(w.dim(0)), K = static_cast<int>(w.dim(1));
+  if (weight.quantized()) need_weight(weight, s.device(), "linear");
+  const Tensor& w = weight.w;
+  const int N = static_cast<int>(weight.rows()), K = static_cast<int>(weight.cols());
   need(x.numel() % K == 0, "linear", "x must be [T, K]");
   const int T = static_cast<int>(x.numel() / K);
   const int N_out = o.gated ? N / 2 : N;
@@ -93,17 +143,22 @@ void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const Line
     need_f32(*o.residual, "linear", "residual");
     if (o.residual->numel() != out.numel()) fail("linear", "residual must be shaped like out");
   }
-  if (s.device() == Device::CUDA) KV_CUDA_OP(linear, s, x, w, out, o);
-  need_cpu_matrix(w, "linear");
-  if (o.bias && o.bias->dtype() != w.dtype())
-    fail("linear", "bias dtype {} differs from the weights' {}", dtype_name(o.bias->dtype()), dtype_name(w.dtype()));
+  if (s.device() == Device::CUDA) KV_CUDA_OP(linear, s, x, weight, out, o);
+  if (!weight.quantized()) need_cpu_matrix(w, "linear");
+  if (o.bias && o.bias->dtype() != weight.float_dtype())
+    fail("linear", "bias dtype {} differs from the weights' {}", dtype_name(o.bias->dtype()),
+         dtype_name(weight.float_dtype()));
   const bool bf16 = w.dtype() == DType::BF16;
-  s.submit([xp = x.data<float>(), wp = w.raw(), bp = o.bias ? o.bias->raw() : nullptr, bf16,
+  const std::optional<cpu::AffineRows> affine =
+      weight.quantized() ? std::optional<cpu::AffineRows>(affine_rows(weight)) : std::nullopt;
+  s.submit([xp = x.data<float>(), wp = w.raw(), bp = o.bias ? o.bias->raw() : nullptr, bf16, affine,
             np = o.norm ? o.norm->data<float>() : nullptr, eps = o.norm_eps, plus_one = o.norm_plus_one,
             gated = o.gated, act = o.act, rp = o.residual ? o.residual->data<float>() : nullptr,
             op = out.data<float>(), T, N, K] {
     auto product = [&](const float* in, float* y) {
-      if (bf16)
+      if (affine)
+        cpu::linear_affine(in, *affine, bp, y, T, N, K);
+      else if (bf16)
         cpu::linear_bf16(in, static_cast<const uint16_t*>(wp), static_cast<const uint16_t*>(bp), y, T, N, K);
       else
         cpu::linear(in, static_cast<const float*>(wp), static_cast<const float*>(bp), y, T, N, K);

@@ -24,6 +24,12 @@ void ModelFlags::add(CLI::App& app) {
                  "CPU storage of a bf16 checkpoint: auto (bf16 above 1 GiB as f32), f32 or bf16 (half the memory)")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}))
       ->capture_default_str();
+  app.add_option("--weights", weights,
+                 "Matrix format: bf16 (as stored: float, or the checkpoint's own quantization), or int8 / int4 "
+                 "to quantize a float checkpoint on load (MLX affine, groups of --group-size)")
+      ->check(CLI::IsMember({"bf16", "int8", "int4"}));
+  app.add_option("--group-size", group_size, "Quantization group of --weights int8|int4: 32, 64 or 128")
+      ->capture_default_str();
   app.add_flag("--eager", eager, "Decode without recording the step (debugging, parity)");
   app.add_option("--tune", tune,
                  "CUDA kernel choices for experiments, e.g. gemv=warp4,attn-heads=2 (keys: gemv auto|block2|warp2|warp4, "
@@ -36,6 +42,18 @@ void ModelFlags::check() const {
   check_at_least("--chunk", chunk, 1);
   if (!kv_dtype.empty() && kv_dtype != "f32" && kv_dtype != "bf16" && kv_dtype != "f16")
     usage_fail("--kv-dtype {}: expected f32, bf16 or f16", kv_dtype);
+  if (!weights.empty() && weights != "bf16" && weights != "int8" && weights != "int4")
+    usage_fail("--weights {}: expected bf16, int8 or int4", weights);
+  if (group_size != 32 && group_size != 64 && group_size != 128)
+    usage_fail("--group-size {}: expected 32, 64 or 128", group_size);
+  if (quantize().quantized() && model.rfind("synthetic:", 0) == 0)
+    usage_fail("--weights {}: quantizes a checkpoint on load; {} has none", weights, model);
+}
+
+QuantFormat ModelFlags::quantize() const {
+  if (weights == "int8") return {8, group_size};
+  if (weights == "int4") return {4, group_size};
+  return {};
 }
 
 void check_at_least(const char* flag, int64_t value, int64_t min, const char* note) {
@@ -100,7 +118,7 @@ std::shared_ptr<Model> load_model(const ModelFlags& f, double* seconds) {
       fmt::print(stderr, "\rloading {} [{}{}] {:3d}% of {:.1f} GB", dir.filename().string(), std::string(w, '#'),
                  std::string(25 - w, ' '), pct, total / 1e9);
       if (done >= total) fmt::print(stderr, "\n");
-    }, cw);
+    }, cw, f.quantize());
   }
   if (seconds) *seconds = seconds_since(t0);
   const int trained = m->config().max_position_embeddings;

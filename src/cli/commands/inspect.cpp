@@ -31,7 +31,8 @@ ModelInfo describe(const ModelFlags& f) {
   const Model::CpuWeights cw = f.cpu_weights == "f32"    ? Model::CpuWeights::f32
                                : f.cpu_weights == "bf16" ? Model::CpuWeights::bf16
                                                          : Model::CpuWeights::automatic;
-  return Model::describe(f.model.empty() ? default_model_dir() : std::filesystem::path(f.model), dev, cw);
+  return Model::describe(f.model.empty() ? default_model_dir() : std::filesystem::path(f.model), dev, cw,
+                         f.quantize());
 }
 
 // "[3, 17]": the position of flat element `i` in a row-major tensor of `shape`.
@@ -89,8 +90,12 @@ void run_inspect(const InspectFlags& f) {
   fmt::print("model       {} ({})\n", info.dir.empty() ? f.m.model : info.dir.string(), c.model_type);
   fmt::print("shape       {} layers, hidden {}, ffn {}, heads {} / kv {} x {}, vocab {}\n", c.num_layers,
              c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size);
-  fmt::print("weights     {:.1f} MB on {} ({})\n", info.weight_bytes / 1e6, device_name(info.device),
-             dtype_name(info.matrix_dtype));
+  fmt::print("weights     {:.1f} MB on {} ({}{})\n", info.weight_bytes / 1e6, device_name(info.device),
+             dtype_name(info.matrix_dtype),
+             info.quantization.quantized()
+                 ? fmt::format(", matrices {} affine{}", format_name(info.quantization, info.matrix_dtype),
+                               info.quantized_checkpoint ? " as stored" : " quantized on load")
+                 : "");
   fmt::print("rope        theta {} ({}){}\n", c.rope.theta, c.rope.type,
              c.rope_local.theta != c.rope.theta ? fmt::format(", local theta {}", c.rope_local.theta) : "");
   fmt::print("cache       capacity {} tokens, chunk {}, storage {}\n", capacity, f.m.chunk, dtype_name(kv));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvgraph/error.h"
+#include "kvgraph/quant.h"
 #include "ops/cpu/kernels.h"
 
 namespace kvgraph::cpu {
@@ -80,6 +81,53 @@ void linear_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float*
   if (bias)
     for (int t = 0; t < T; ++t)
       for (int n = 0; n < N; ++n) out[static_cast<int64_t>(t) * N + n] += bf16_to_f32(bias[n]);
+}
+
+void AffineRows::dequantize_row(int64_t n, int K, float* out) const {
+  const int64_t groups = K / group;
+  const uint32_t* row = words + n * (int64_t(K) * bits / 32);
+  auto each = [&](auto widen, const auto* s, const auto* b) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const float sg = widen(s[n * groups + g]), bg = widen(b[n * groups + g]);
+      for (int j = 0; j < group; ++j) {
+        const int64_t k = g * group + j;
+        out[k] = affine_value(sg, affine_code(row, k, bits), bg);
+      }
+    }
+  };
+  if (scales_bf16)
+    each(bf16_to_f32, static_cast<const uint16_t*>(scales), static_cast<const uint16_t*>(biases));
+  else
+    each([](float v) { return v; }, static_cast<const float*>(scales), static_cast<const float*>(biases));
+}
+
+void linear_affine(const float* x, const AffineRows& w, const void* bias, float* out, int T, int N, int K) {
+  const int rows = std::clamp((1 << 16) / std::max(K, 1), 1, N);  // panels as linear_bf16's
+  thread_local std::vector<float> panel;
+  panel.resize(static_cast<size_t>(rows) * K);
+  for (int n0 = 0; n0 < N; n0 += rows) {
+    const int n = std::min(rows, N - n0);
+    for (int r = 0; r < n; ++r) w.dequantize_row(n0 + r, K, panel.data() + static_cast<int64_t>(r) * K);
+    if (T == 1)
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, K, 1.0f, panel.data(), K, x, 1, 0.0f, out + n0, 1);
+    else
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, K, 1.0f, x, K, panel.data(), K, 0.0f, out + n0, N);
+  }
+  if (bias)
+    for (int t = 0; t < T; ++t)
+      for (int n = 0; n < N; ++n)
+        out[static_cast<int64_t>(t) * N + n] += w.scales_bf16 ? bf16_to_f32(static_cast<const uint16_t*>(bias)[n])
+                                                              : static_cast<const float*>(bias)[n];
+}
+
+void embedding_affine(const AffineRows& table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out) {
+  for (int t = 0; t < T; ++t) {
+    const int32_t id = ids[t];
+    if (id < 0 || id >= V) fail("embedding", "token id {} out of range [0, {})", id, V);
+    float* o = out + static_cast<int64_t>(t) * D;
+    table.dequantize_row(id, D, o);
+    for (int d = 0; d < D; ++d) o[d] *= scale;
+  }
 }
 
 void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D) {

@@ -13,6 +13,22 @@ void linear(const float* x, const float* w, const float* bias, float* out, int T
 // The same with bf16 weights (and bias, when given): widened to f32 a panel of
 // rows at a time (exact), so a bf16 checkpoint stays bf16 in memory.
 void linear_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* out, int T, int N, int K);
+// Affine-quantized weights (kvgraph/quant.h): words u32 [N, K * bits / 32],
+// scales and biases [N, K / group] in f32 or bf16 (scales_bf16), the bias of
+// the product [N] (or null) in the same type. Rows are dequantised a panel at
+// a time to f32, each value affine_value(s, q, b), for the same BLAS calls as
+// linear(): the result is what linear() gives on the dequantised matrix.
+struct AffineRows {
+  const uint32_t* words = nullptr;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  bool scales_bf16 = false;
+  int bits = 0, group = 0;
+  // Row n (of K values) as f32.
+  void dequantize_row(int64_t n, int K, float* out) const;
+};
+void linear_affine(const float* x, const AffineRows& w, const void* bias, float* out, int T, int N, int K);
+void embedding_affine(const AffineRows& table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out);
 void embedding_bf16(const uint16_t* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out);
 void rope(float* x, int32_t pos0, const float* inv_freq, int T, int H, int D);  // x [T, H, D] in place
 void act_mul(const float* gate, const float* up, float* out, int64_t n, Activation act);

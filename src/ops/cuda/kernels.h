@@ -47,6 +47,19 @@ struct Launch {
 void embedding(const void* table, DType table_dtype, int64_t vocab, const int32_t* ids, int T, int D,
                float scale, float* out, Launch stream);
 
+// The same from an affine-quantized table (LinearParams' layout: words u32
+// [vocab, D * bits / 32], scales and biases scale_dtype (f32|bf16)
+// [vocab, D / group]); each value fmaf(s, q, b) * scale, as the CPU computes it.
+struct AffineTable {
+  const uint32_t* words = nullptr;
+  const void* scales = nullptr;
+  const void* biases = nullptr;
+  DType scale_dtype = DType::BF16;
+  int bits = 0, group = 0;
+};
+void embedding_affine(const AffineTable& table, int64_t vocab, const int32_t* ids, int T, int D, float scale,
+                      float* out, Launch stream);
+
 // ---------------------------------------------------------------- rms_norm
 
 // Rows of `dim` f32 values addressed as (token t, head h): x + t*x_stride + h*dim.

@@ -23,14 +23,32 @@ void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float ep
   cuda::rms_norm(x.data<float>(), w.raw(), w.dtype(), out.data<float>(), x.numel() / D, D, eps, plus_one, cs(s));
 }
 
-void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const ops::LinearOptions& o) {
+void embedding_affine(Stream& s, const Weight& table, const Tensor& ids, Tensor& out, float scale) {
+  cuda::embedding_affine({.words = table.w.data<uint32_t>(),
+                          .scales = table.scales.raw(),
+                          .biases = table.biases.raw(),
+                          .scale_dtype = table.scales.dtype(),
+                          .bits = table.format.bits,
+                          .group = table.format.group},
+                         table.rows(), ids.data<int32_t>(), static_cast<int>(ids.numel()),
+                         static_cast<int>(table.cols()), scale, out.data<float>(), cs(s));
+}
+
+void linear(Stream& s, const Tensor& x, const Weight& w, Tensor& out, const ops::LinearOptions& o) {
   cuda::LinearParams p;
   p.x = x.data<float>();
-  p.w = w.raw();
-  p.w_dtype = w.dtype();
+  p.w = w.w.raw();
+  p.w_dtype = w.float_dtype();  // quantized: the scales' type (kernels.h)
+  if (w.quantized()) {
+    p.qbits = w.format.bits;
+    p.group = w.format.group;
+    p.scales = w.scales.raw();
+    p.biases = w.biases.raw();
+  }
   if (o.bias) {
-    if (o.bias->dtype() != w.dtype())
-      fail("linear", "bias dtype {} differs from weight dtype {}", dtype_name(o.bias->dtype()), dtype_name(w.dtype()));
+    if (o.bias->dtype() != w.float_dtype())
+      fail("linear", "bias dtype {} differs from weight dtype {}", dtype_name(o.bias->dtype()),
+           dtype_name(w.float_dtype()));
     p.bias = o.bias->raw();
   }
   if (o.norm) {
@@ -42,8 +60,8 @@ void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const ops:
   p.act = o.act;
   if (o.residual) p.residual = o.residual->data<float>();
   p.out = out.data<float>();
-  p.N = static_cast<int>(w.dim(0));
-  p.K = static_cast<int>(w.dim(1));
+  p.N = static_cast<int>(w.rows());
+  p.K = static_cast<int>(w.cols());
   p.T = static_cast<int>(x.numel() / p.K);
   cuda::CudaContext& ctx = cuda::context(s);
   p.shape = ctx.tuning().gemv;

@@ -4,13 +4,17 @@
 // the per-stream scratch and tuning of the stream's CudaContext.
 #include "kvgraph/op_types.h"
 #include "kvgraph/stream.h"
+#include "kvgraph/weight.h"
 #include "ops/attend_call.h"
 
 namespace kvgraph::cuda_ops {
 
 void embedding(Stream& s, const Tensor& table, const Tensor& ids, Tensor& out, float scale);
 void rms_norm(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);
-void linear(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, const ops::LinearOptions& o);
+// Quantized tables: rows dequantised as gathered (cuda::embedding_affine).
+void embedding_affine(Stream& s, const Weight& table, const Tensor& ids, Tensor& out, float scale);
+// Plain or quantized weights (checked by the op front).
+void linear(Stream& s, const Tensor& x, const Weight& w, Tensor& out, const ops::LinearOptions& o);
 void rms_norm_add(Stream& s, const Tensor& x, const Tensor& w, Tensor& out, float eps, bool plus_one);
 void rope(Stream& s, Tensor& x, const Tensor& pos, const Tensor& inv_freq);
 void act_mul(Stream& s, const Tensor& gate, const Tensor& up, Tensor& out, Activation act);
