@@ -97,11 +97,15 @@ class Model {
   static ModelInfo describe(const std::filesystem::path& dir, Device device,
                             CpuWeights cpu_weights = CpuWeights::automatic, QuantFormat quantize = {});
   // Random bf16 weights at the real shape of a published model (no files):
-  // qwen2.5-0.5b, llama3.2-1b, llama3.1-8b, mistral-7b, gemma3-1b.
-  static std::shared_ptr<Model> synthetic(const std::string& name, Device device, uint64_t seed = 1);
+  // qwen2.5-0.5b, llama3.2-1b, llama3.1-8b, mistral-7b, gemma3-1b. With
+  // `quantize`, every matrix whose input dim the group divides is made
+  // quantized instead (random codes, small random scales and biases): the
+  // bytes a quantized checkpoint of that shape would stream, for benchmarks.
+  static std::shared_ptr<Model> synthetic(const std::string& name, Device device, uint64_t seed = 1,
+                                          QuantFormat quantize = {});
   static std::vector<std::string> synthetic_names();
   // What synthetic would build, without making a weight.
-  static ModelInfo describe_synthetic(const std::string& name, Device device);
+  static ModelInfo describe_synthetic(const std::string& name, Device device, QuantFormat quantize = {});
 
   const ModelConfig& config() const { return cfg_; }
   Device device() const { return device_; }

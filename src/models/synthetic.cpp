@@ -58,6 +58,14 @@ ModelConfig synthetic_config(const std::string& name) {
 
 DType synthetic_matrix_dtype(Device device) { return device == Device::CUDA ? DType::BF16 : DType::F32; }
 
+// The format a synthetic tensor is made in: quantized for a matrix whose
+// input dim the group divides (as quantize-on-load leaves the others float).
+QuantFormat synthetic_format(const TensorPlan& plan, QuantFormat quantize) {
+  if (!quantize.quantized() || plan.role != Role::matrix) return {};
+  const std::vector<int64_t> shape = plan.shape();
+  return shape.size() == 2 && shape[1] % quantize.group == 0 ? quantize : QuantFormat{};
+}
+
 }  // namespace
 
 std::vector<std::string> Model::synthetic_names() {
@@ -66,20 +74,29 @@ std::vector<std::string> Model::synthetic_names() {
   return n;
 }
 
-ModelInfo Model::describe_synthetic(const std::string& name, Device device) {
+ModelInfo Model::describe_synthetic(const std::string& name, Device device, QuantFormat quantize) {
+  if (quantize.quantized() && !supported(quantize))
+    fail("weights", "cannot quantize to {} bits in groups of {}", quantize.bits, quantize.group);
   ModelInfo info;
   info.config = synthetic_config(name);
   info.device = device;
   info.matrix_dtype = synthetic_matrix_dtype(device);
-  info.weight_bytes = planned_bytes(plan_weights(info.config, CheckpointNames{}), info.matrix_dtype);
+  info.quantization = quantize;
+  const std::vector<TensorPlan> plans = plan_weights(info.config, CheckpointNames{});
+  std::vector<QuantFormat> formats(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) formats[i] = synthetic_format(plans[i], quantize);
+  info.weight_bytes = planned_bytes(plans, info.matrix_dtype, formats);
   return info;
 }
 
-std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, uint64_t seed) {
+std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, uint64_t seed, QuantFormat quantize) {
+  if (quantize.quantized() && !supported(quantize))
+    fail("weights", "cannot quantize to {} bits in groups of {}", quantize.bits, quantize.group);
   std::shared_ptr<Model> m(new Model());
   m->cfg_ = synthetic_config(name);
   m->device_ = device;
   m->matrix_dtype_ = synthetic_matrix_dtype(device);
+  m->quantization_ = quantize;
   const ModelConfig& c = m->cfg_;
   Stream s(device);
   uint64_t next = seed;
@@ -89,6 +106,29 @@ std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, 
   Weights w = build_weights(c, CheckpointNames{}, [&](const TensorPlan& plan) {
     const std::vector<int64_t> shape = plan.shape();
     Tensor t;
+    if (const QuantFormat f = synthetic_format(plan, quantize); f.quantized()) {
+      // Random codes (any bits are valid codes), scales and biases small
+      // enough that activations stay finite.
+      const int64_t N = shape[0], K = shape[1];
+      std::vector<uint32_t> words(size_t(N) * (K * f.bits / 32));
+      uint64_t x = next++ * 0x9E3779B97F4A7C15ull;
+      for (auto& word : words) {  // splitmix64
+        uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        word = static_cast<uint32_t>(z ^ (z >> 31));
+      }
+      Weight q;
+      q.format = f;
+      q.w = Tensor::from_host(words.data(), {N, K * f.bits / 32}, DType::U32, device);
+      q.scales = Tensor::empty({N, K / f.group}, m->matrix_dtype_, device);
+      q.biases = Tensor::empty({N, K / f.group}, m->matrix_dtype_, device);
+      const float step = 2.0f / std::sqrt(static_cast<float>(K)) / float((1 << f.bits) - 1);
+      ops::fill_random(s, q.scales, next++ * 0x9E3779B97F4A7C15ull, step);
+      ops::fill_random(s, q.biases, next++ * 0x9E3779B97F4A7C15ull, step);
+      m->weight_bytes_ += q.nbytes();
+      return q;
+    }
     if (plan.role == Role::norm) {
       std::vector<float> h(size_t(shape[0]), norm_one);
       t = Tensor::from_host(h.data(), shape, DType::F32, device);

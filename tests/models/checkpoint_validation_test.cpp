@@ -373,6 +373,13 @@ TEST(ValidateFirst, SyntheticSizesComeFromTheConfigAlone) {
   EXPECT_EQ(cuda.matrix_dtype, DType::BF16);
   EXPECT_TRUE(cuda.dir.empty());
   EXPECT_THROW(Model::describe_synthetic("nope", Device::CPU), Error);
+  // Quantized (benchmarks): every matrix of the 1B divides into groups of 64;
+  // 4-bit codes plus a bf16 scale and bias per group of 64.
+  const size_t matrix_params = params - norm_params;
+  const ModelInfo q4 = Model::describe_synthetic("llama3.2-1b", Device::CUDA, QuantFormat{4, 64});
+  EXPECT_EQ(q4.weight_bytes, matrix_params / 2 + matrix_params / 64 * 2 * 2 + norm_params * 4);
+  EXPECT_EQ(q4.quantization, (QuantFormat{4, 64}));
+  EXPECT_THROW(Model::describe_synthetic("llama3.2-1b", Device::CUDA, QuantFormat{3, 64}), Error);
 }
 
 // ------------------------------------------------ finding 5: non-finite weights

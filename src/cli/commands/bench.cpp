@@ -108,6 +108,9 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   j["compiled"] = !mf.eager;
   j["prompt"] = f.prompt;
   j["new_tokens"] = f.new_tokens;
+  j["weights"] = model->quantization().quantized()
+                     ? fmt::format("int{} g{}", model->quantization().bits, model->quantization().group)
+                     : std::string(dtype_name(model->matrix_dtype()));
   j["weight_bytes"] = model->weight_bytes();
   j["weight_bytes_read_per_token"] = model->weight_bytes_read_per_token();
   j["kv_bytes_per_token_avg"] = kv_read / f.new_tokens;
@@ -158,7 +161,8 @@ void run_bench(const BenchFlags& f) {
         return j[key].is_null() ? std::string("n/a") : fmt::format("{:.1f}%", 100 * j[key].get<double>());
       };
       fmt::print("{:<28} {:>7} {:>6.0f} t/s {:>12.3f} {:>10.3f} {:>10.3f} {:>10} {:>8.0f} {:>10.3f} {:>9}\n",
-                 j["model"].get<std::string>().empty() ? "default" : j["model"].get<std::string>(),
+                 (j["model"].get<std::string>().empty() ? "default" : j["model"].get<std::string>()) +
+                     (j["weights"].get<std::string>().rfind("int", 0) == 0 ? " " + j["weights"].get<std::string>() : ""),
                  j["device"].get<std::string>(), j["prefill_tok_s"].get<double>(), j["decode_ms_median"].get<double>(),
                  j["decode_ms_p99"].get<double>(), j["floor_ms"].get<double>(), pct("fraction_of_floor"), bw,
                  j["decode_ms_queued"].get<double>(), pct("fraction_of_floor_queued"));

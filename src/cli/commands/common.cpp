@@ -46,8 +46,6 @@ void ModelFlags::check() const {
     usage_fail("--weights {}: expected bf16, int8 or int4", weights);
   if (group_size != 32 && group_size != 64 && group_size != 128)
     usage_fail("--group-size {}: expected 32, 64 or 128", group_size);
-  if (quantize().quantized() && model.rfind("synthetic:", 0) == 0)
-    usage_fail("--weights {}: quantizes a checkpoint on load; {} has none", weights, model);
 }
 
 QuantFormat ModelFlags::quantize() const {
@@ -100,7 +98,7 @@ std::shared_ptr<Model> load_model(const ModelFlags& f, double* seconds) {
   auto t0 = std::chrono::steady_clock::now();
   std::shared_ptr<Model> m;
   if (f.model.rfind("synthetic:", 0) == 0) {
-    m = Model::synthetic(f.model.substr(10), dev);
+    m = Model::synthetic(f.model.substr(10), dev, 1, f.quantize());
   } else {
     std::filesystem::path dir = f.model.empty() ? default_model_dir() : std::filesystem::path(f.model);
     if (!std::filesystem::exists(dir)) fail("cli", "model directory {} does not exist", dir.string());

@@ -27,7 +27,7 @@ bool is_synthetic(const std::string& model) { return model.rfind("synthetic:", 0
 // (a synthetic 1B model once took 13 s and 4.8 GB here to print this table).
 ModelInfo describe(const ModelFlags& f) {
   const Device dev = parse_device(f.device);
-  if (is_synthetic(f.model)) return Model::describe_synthetic(f.model.substr(10), dev);
+  if (is_synthetic(f.model)) return Model::describe_synthetic(f.model.substr(10), dev, f.quantize());
   const Model::CpuWeights cw = f.cpu_weights == "f32"    ? Model::CpuWeights::f32
                                : f.cpu_weights == "bf16" ? Model::CpuWeights::bf16
                                                          : Model::CpuWeights::automatic;
