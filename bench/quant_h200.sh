@@ -9,18 +9,20 @@ set -uo pipefail
 MODELS=${1:-synthetic:llama3.1-8b,synthetic:llama3.2-1b,synthetic:qwen2.5-0.5b,synthetic:gemma3-1b}
 OUT=${2:-/tmp}
 : > "$OUT/quant.jsonl"
-for w in bf16 int8 int4; do
+for w in bf16 int8 int4 int8:qx=int8 int4:qx=int8; do
+  tune=""; [[ $w == *:* ]] && tune=${w#*:} && w=${w%%:*}
   build/cuda/kvgraph bench --device cuda --quiet --json --models "$MODELS" --weights "$w" --group-size 64 \
-    >> "$OUT/quant.jsonl" || echo "bench --weights $w failed (rc $?)"
+    ${tune:+--tune "$tune"} >> "$OUT/quant.jsonl" || echo "bench --weights $w $tune failed (rc $?)"
 done
 python3 - "$OUT/quant.jsonl" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 base = {r["model"]: r["decode_ms_median"] for r in rows if not r["weights"].startswith("int")}
-print(f"{'model':<28} {'weights':<9} {'MB/token':>9} {'decode ms':>10} {'of floor':>9} {'vs bf16':>8}")
+print(f"{'model':<28} {'weights':<9} {'x':<5} {'MB/token':>9} {'decode ms':>10} {'of floor':>9} {'vs bf16':>8}")
 for r in rows:
     mb = (r["weight_bytes_read_per_token"] + r["kv_bytes_per_token_avg"]) / 1e6
     f = r["fraction_of_floor"]
-    print(f"{r['model']:<28} {r['weights']:<9} {mb:>9.1f} {r['decode_ms_median']:>10.3f} "
+    x = "int8" if "qx=int8" in r["tuning"] else "f32"
+    print(f"{r['model']:<28} {r['weights']:<9} {x:<5} {mb:>9.1f} {r['decode_ms_median']:>10.3f} "
           f"{(100 * f if f is not None else float('nan')):>8.1f}% {base[r['model']] / r['decode_ms_median']:>7.2f}x")
 PY

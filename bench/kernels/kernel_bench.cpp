@@ -139,9 +139,12 @@ void qgemv_report() {
       fill(x, 0x3c);
       std::string line;
       double auto_gbs = 0;
-      for (const auto& [variant, vname] : variants) {
+      for (int vi = 0; vi < 5; ++vi) {
+        const GemvShape variant = vi < 4 ? variants[vi].first : GemvShape::automatic;
+        const char* vname = vi < 4 ? variants[vi].second : "int8x";
         LinearParams p;
         p.shape = variant;
+        p.int8_x = vi == 4;
         p.x = x.as<float>();
         p.w_dtype = DType::BF16;
         p.qbits = bits;
@@ -165,9 +168,9 @@ void qgemv_report() {
         e1.record(s.get());
         e1.synchronize();
         const double us = 1e3 * CudaEvent::elapsed_ms(e0, e1) / iters;
-        if (variant == GemvShape::automatic) auto_gbs = double(bytes) / (us * 1e-6) / 1e9;
+        if (vi == 0) auto_gbs = double(bytes) / (us * 1e-6) / 1e9;
         char buf[64];
-        std::snprintf(buf, sizeof buf, " %s %.1f", vname, us);
+        std::snprintf(buf, sizeof buf, " %s %.1f (%.0f%%)", vname, us, 100.0 * double(bytes) / (us * 1e-6) / 1e9 / read_gbs);
         line += buf;
       }
       std::printf("[qgemv int%d g%d] %-28s %5.1f%% of %.0f GB/s (auto, %.1f MB read) | us:%s\n", bits, group, sh.name,

@@ -21,19 +21,24 @@ struct Tuning {
   int attn_chunk = 0;   // fewest keys per decode split; 0: from the head dim
   // Programmatic dependent launch on every CUDA kernel.
   bool programmatic_launch = true;
+  // T == 1 on affine-quantized weights: x quantized to int8 per vector of
+  // the weights (once per block, in shared memory) and integer dot products
+  // (DP4A), instead of f32 x with the codes converted in the weight stream.
+  bool quantized_int8_x = false;
 
   // Spelled out: the CUDA sources, which include this, are C++17.
   bool operator==(const Tuning& o) const {
     return gemv == o.gemv && legacy_decode_attention == o.legacy_decode_attention && attn_heads == o.attn_heads &&
-           attn_chunk == o.attn_chunk && programmatic_launch == o.programmatic_launch;
+           attn_chunk == o.attn_chunk && programmatic_launch == o.programmatic_launch &&
+           quantized_int8_x == o.quantized_int8_x;
   }
 
-  // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on": every
+  // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32": every
   // field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
   // auto|block2|warp2|warp4, attn fast|legacy, attn-heads 0|1|2|4|8,
-  // attn-chunk N >= 0, pdl on|off). Throws kvgraph::Error("[tuning] ...") on
+  // attn-chunk N >= 0, pdl on|off, qx f32|int8). Throws kvgraph::Error("[tuning] ...") on
   // an unknown key or value.
   static Tuning parse(std::string_view spec);
 };

@@ -24,9 +24,9 @@ std::string count_str(int n) { return n == 0 ? "auto" : std::to_string(n); }
 }  // namespace
 
 std::string Tuning::describe() const {
-  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={}", kGemvNames[static_cast<int>(gemv)],
+  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={}", kGemvNames[static_cast<int>(gemv)],
                      legacy_decode_attention ? "legacy" : "fast", count_str(attn_heads), count_str(attn_chunk),
-                     programmatic_launch ? "on" : "off");
+                     programmatic_launch ? "on" : "off", quantized_int8_x ? "int8" : "f32");
 }
 
 Tuning Tuning::parse(std::string_view spec) {
@@ -56,8 +56,11 @@ Tuning Tuning::parse(std::string_view spec) {
     } else if (key == "pdl") {
       if (v != "on" && v != "off") fail("tuning", "pdl={}: expected on or off", v);
       t.programmatic_launch = v == "on";
+    } else if (key == "qx") {
+      if (v != "f32" && v != "int8") fail("tuning", "qx={}: expected f32 or int8", v);
+      t.quantized_int8_x = v == "int8";
     } else {
-      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl)", key);
+      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl, qx)", key);
     }
   }
   return t;

@@ -86,6 +86,7 @@ TEST_P(CudaLifecycle, RollbackForkAndRestoreContinueBitwise) {
   auto f = a.fork();
   a.save(dir.path() / "a.kvs");
   Session r(gpu, so);
+  r.sampling() = seeded();  // sampling settings are the caller's, not the file's (as on the CPU)
   r.restore(dir.path() / "a.kvs");
 
   const Trace want = decode(b, 20);

@@ -9,6 +9,7 @@
 
 #include "kvgraph/model.h"
 #include "kvgraph/session.h"
+#include "kvgraph/tuning.h"
 #include "support/fixtures.h"
 #include "support/mlx_checkpoint.h"
 #include "support/temp_dir.h"
@@ -19,8 +20,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids, int chunk) {
+std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids, int chunk,
+                              Tuning tuning = {}) {
   SessionOptions so;
+  so.tuning = tuning;
   so.capacity = static_cast<int32_t>(ids.size());
   so.max_write = chunk;
   so.all_logits = true;
@@ -40,8 +43,10 @@ double normalized_error(const std::vector<float>& a, const std::vector<float>& b
   return num / den;
 }
 
-std::vector<float> decode_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& prompt, bool eager) {
+std::vector<float> decode_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& prompt, bool eager,
+                                 Tuning tuning = {}) {
   SessionOptions so;
+  so.tuning = tuning;
   so.capacity = 100;
   so.max_write = 4;
   so.eager = eager;
@@ -86,15 +91,29 @@ TEST_P(CudaQuantModel, LogitsMatchTheCpuForChunks1And3AndWhole) {
   for (const Case& c : cases) {
     ASSERT_TRUE(c.gpu->quantization().quantized()) << c.what;
     const std::vector<float> want = all_logits(c.cpu, ref.ids, 128);
+    // T == 1 (the fused-dequant GEMV, f32 x) stays within 1e-2 of the CPU;
+    // T > 1 rounds both x and the dequantised weights to bf16 for cuBLAS
+    // (the CPU keeps f32): measured 1.8-1.9e-2 on the H200 (2026-12-03).
     for (int chunk : {1, 3, 128}) {
       const std::vector<float> got = all_logits(c.gpu, ref.ids, chunk);
       ASSERT_EQ(got.size(), want.size());
-      EXPECT_LT(normalized_error(got, want), 1e-2) << GetParam() << " " << c.what << " chunk " << chunk;
+      EXPECT_LT(normalized_error(got, want), chunk == 1 ? 1e-2 : 3e-2) << GetParam() << " " << c.what << " chunk " << chunk;
     }
-    const std::vector<float> e = decode_logits(c.gpu, ref.greedy_prompt, true);
-    const std::vector<float> r = decode_logits(c.gpu, ref.greedy_prompt, false);
-    ASSERT_EQ(e.size(), r.size());
-    EXPECT_EQ(std::memcmp(e.data(), r.data(), e.size() * 4), 0) << GetParam() << " " << c.what << ": replay vs eager";
+    // T == 1 with x quantized to int8 per 32 (or 16) values (--tune qx=int8,
+    // as llama.cpp's q8_1): on these random fixtures the error compounds over
+    // the layers, measured 0.04-0.11 on the H200 (2026-12-03); a layout bug
+    // (a wrong nibble or byte order) gives O(1). The kernel itself is held to
+    // 1e-2 (CudaQuantLinear.Int8XGemvIsWithinInt8RoundingOfTheReference).
+    Tuning x8;
+    x8.quantized_int8_x = true;
+    EXPECT_LT(normalized_error(all_logits(c.gpu, ref.ids, 1, x8), want), 0.2) << GetParam() << " " << c.what << " qx=int8";
+    for (const Tuning& t : {Tuning{}, x8}) {
+      const std::vector<float> e = decode_logits(c.gpu, ref.greedy_prompt, true, t);
+      const std::vector<float> r = decode_logits(c.gpu, ref.greedy_prompt, false, t);
+      ASSERT_EQ(e.size(), r.size());
+      EXPECT_EQ(std::memcmp(e.data(), r.data(), e.size() * 4), 0)
+          << GetParam() << " " << c.what << " " << t.describe() << ": replay vs eager";
+    }
   }
 }
 

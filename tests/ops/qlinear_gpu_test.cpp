@@ -57,9 +57,10 @@ struct QWeights {
 enum class Epi { none, bias, residual, gated };
 
 void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvShape shape, GemmContext* gemm,
-           double tol) {
+           double tol, bool int8_x = false) {
   SCOPED_TRACE(testing::Message() << "T=" << T << " N=" << N << " K=" << K << " bits=" << bits << " group=" << group
-                                  << " epi=" << int(epi) << " norm=" << norm << " shape=" << int(shape));
+                                  << " epi=" << int(epi) << " norm=" << norm << " shape=" << int(shape)
+                                  << " int8_x=" << int8_x);
   QWeights w(N, K, bits, group, 7 + N + K + bits);
   auto x = randn(size_t(T) * K, 11 + K);
   auto g = randn(K, 13 + K, 0.3f);
@@ -86,6 +87,7 @@ void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvSha
   p.K = K;
   p.gated = epi == Epi::gated;
   p.shape = shape;
+  p.int8_x = int8_x;
   if (norm) p.norm = dg.as<float>();
   linear(p, gemm, nullptr);
   const auto got = to_host<float>(out, n_out);
@@ -137,6 +139,18 @@ TEST_F(CudaQuantLinear, GemvMatchesDequantisedReferenceInEveryShape) {
 TEST_F(CudaQuantLinear, GemvEpilogues) {
   for (int bits : {4, 8})
     for (Epi epi : {Epi::bias, Epi::residual, Epi::gated}) check(1, 96, 512, bits, 64, epi, true, GemvShape::automatic, nullptr, 2e-5);
+}
+
+// x quantized to int8 per weight vector in shared memory, DP4A products:
+// within int8 rounding of x (absmax / 127 per vector) of the reference.
+TEST_F(CudaQuantLinear, Int8XGemvIsWithinInt8RoundingOfTheReference) {
+  for (int bits : {4, 8})
+    for (int group : {32, 64, 128})
+      for (bool norm : {false, true}) {
+        check(1, 70, 384, bits, group, Epi::none, norm, GemvShape::automatic, nullptr, 1e-2, true);
+        check(1, 64, 4096, bits, group, Epi::bias, norm, GemvShape::automatic, nullptr, 1e-2, true);
+      }
+  for (Epi epi : {Epi::residual, Epi::gated}) check(1, 96, 512, 4, 64, epi, true, GemvShape::automatic, nullptr, 1e-2, true);
 }
 
 TEST_F(CudaQuantLinear, PrefillDequantisesSlabsForCublas) {

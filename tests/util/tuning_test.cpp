@@ -12,18 +12,19 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
-  const Tuning t = Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off");
+  const Tuning t = Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=int8");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_TRUE(t.legacy_decode_attention);
   EXPECT_EQ(t.attn_heads, 2);
   EXPECT_EQ(t.attn_chunk, 64);
   EXPECT_FALSE(t.programmatic_launch);
+  EXPECT_TRUE(t.quantized_int8_x);
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse("gemv=block2").gemv, Tuning::Gemv::block2);
   EXPECT_NE(Tuning::parse("gemv=block2"), Tuning{});

@@ -168,6 +168,12 @@ struct LinearParams {
   int group = 0;
   const void* scales = nullptr;
   const void* biases = nullptr;
+  // T == 1 on quantized weights (Tuning::quantized_int8_x): each block
+  // quantizes x (after the norm prologue) to int8 per vector of the weights
+  // (absmax / 127) in shared memory and takes integer dot products (DP4A);
+  // results within int8 rounding of x (about 1e-3 relative), not bitwise
+  // equal to the f32-x kernel.
+  bool int8_x = false;
 };
 
 // Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.

@@ -490,6 +490,185 @@ void launch_qgemv(const QGemvArgs<S>& a, GemvShape shape, Launch stream) {
   }
 }
 
+
+// ---------------------------------------------------------------- quantized weights, int8 x (DP4A)
+
+// x quantized per vector of the weights (kVE values: 32 for 4-bit codes, 16
+// for 8-bit), in shared memory: the codes (int8, stored in the order the
+// integer dot products want), the vector's scale (absmax / 127), sum(x) in
+// f32 (for the groups' bias term) and, for 8-bit weights, sum(xq) (codes are
+// offset by -128 to be signed).
+struct XQ {
+  int8_t* q;     // [K]
+  float* scale;  // [K / kVE]
+  float* sum;    // [K / kVE]
+  int* qsum;     // [K / kVE]
+};
+
+__device__ __forceinline__ XQ xq_layout(unsigned char* smem, int K, int kVE) {
+  XQ x;
+  x.q = reinterpret_cast<int8_t*>(smem);
+  x.scale = reinterpret_cast<float*>(smem + K);
+  x.sum = x.scale + K / kVE;
+  x.qsum = reinterpret_cast<int*>(x.sum + K / kVE);
+  return x;
+}
+
+__device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
+  return (uint32_t(a) & 0xFFu) | ((uint32_t(b) & 0xFFu) << 8) | ((uint32_t(c) & 0xFFu) << 16) | (uint32_t(d) << 24);
+}
+
+// One block: out rows [blockIdx.x * 32, +32), four rows per warp. The block
+// first normalises (optionally) and quantizes all of x into shared memory
+// (each thread 8 consecutive values; kVE / 8 threads per vector), then each
+// lane streams 16-byte weight vectors of its warp's four rows.
+template <typename S, int kBits, bool kNorm>
+__global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
+  constexpr int kVE = 128 / kBits, kTPV = kVE / 8, kRows = 4, kUnroll = 2;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const GemvArgs<S>& e = a.e;
+  const int K = e.K, nvec = K / kVE;
+  const XQ xq = xq_layout(smem, K, kVE);
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+
+  float inv = 1.f;
+  if constexpr (kNorm) {
+    __shared__ float red[32];
+    float ss = 0.f;
+    for (int k = threadIdx.x * 4; k < K; k += blockDim.x * 4) {
+      const float4 v = *reinterpret_cast<const float4*>(e.x + k);
+      ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+    }
+    inv = rsqrtf(detail::block_sum(ss, red) / K + e.norm_eps);
+  }
+  // Quantize: chunk c = values [8c, 8c + 8); kTPV chunks per vector, reduced
+  // over their kTPV lanes (aligned: kTPV divides 32).
+  for (int c0 = 0; c0 < K / 8; c0 += blockDim.x) {
+    const int c = c0 + threadIdx.x;
+    const bool live = c < K / 8;
+    float h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (live) {
+      const float4 v0 = *reinterpret_cast<const float4*>(e.x + 8 * c);
+      const float4 v1 = *reinterpret_cast<const float4*>(e.x + 8 * c + 4);
+      h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w; h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
+      if constexpr (kNorm) {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) h[i] *= inv * (e.norm_add + e.norm[8 * c + i]);
+      }
+    }
+    float amax = 0.f, sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      amax = fmaxf(amax, fabsf(h[i]));
+      sum += h[i];
+    }
+#pragma unroll
+    for (int o = kTPV / 2; o > 0; o /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    const float scale = amax / 127.f;
+    const float rs = amax > 0.f ? 127.f / amax : 0.f;
+    int q[8], qs = 0;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      q[i] = __float2int_rn(h[i] * rs);
+      qs += q[i];
+    }
+#pragma unroll
+    for (int o = kTPV / 2; o > 0; o /= 2) qs += __shfl_xor_sync(0xffffffffu, qs, o);
+    if (live) {
+      uint2 packed;
+      if constexpr (kBits == 4) {  // even values, then odd: the nibbles' order after & 0x0F0F0F0F
+        packed.x = pack4(q[0], q[2], q[4], q[6]);
+        packed.y = pack4(q[1], q[3], q[5], q[7]);
+      } else {
+        packed.x = pack4(q[0], q[1], q[2], q[3]);
+        packed.y = pack4(q[4], q[5], q[6], q[7]);
+      }
+      *reinterpret_cast<uint2*>(xq.q + 8 * c) = packed;
+      if (c % kTPV == 0) {
+        xq.scale[c / kTPV] = scale;
+        xq.sum[c / kTPV] = sum;
+        xq.qsum[c / kTPV] = qs;
+      }
+    }
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n0 = (blockIdx.x * 8 + warp) * kRows;
+  const int ngroups = K / a.group, vpg = a.group / kVE;
+  const uint4* wr[kRows];
+  const S* sr[kRows];
+  const S* br[kRows];
+  bool ok[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    ok[r] = n0 + r < e.N;
+    const size_t row = ok[r] ? n0 + r : 0;
+    wr[r] = reinterpret_cast<const uint4*>(a.w) + row * nvec;
+    sr[r] = a.scales + row * ngroups;
+    br[r] = a.biases + row * ngroups;
+  }
+  const uint64_t pol = evict_first_policy();
+  float acc[kRows] = {0.f, 0.f, 0.f, 0.f};
+  for (int base = 0; base < nvec; base += 32 * kUnroll) {
+    uint4 wv[kRows][kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = base + u * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        wv[r][u] = (ok[r] && vi < nvec) ? ld_weights(wr[r] + vi, pol) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = base + u * 32 + lane;
+      if (vi >= nvec) continue;
+      const float xs = xq.scale[vi], xsum = xq.sum[vi];
+      int xw[kVE / 4];  // the vector's x codes, 4 per word
+#pragma unroll
+      for (int i = 0; i < kVE / 16; ++i) {
+        const uint4 t = reinterpret_cast<const uint4*>(xq.q + vi * kVE)[i];
+        xw[4 * i] = int(t.x); xw[4 * i + 1] = int(t.y); xw[4 * i + 2] = int(t.z); xw[4 * i + 3] = int(t.w);
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const uint32_t wd[4] = {wv[r][u].x, wv[r][u].y, wv[r][u].z, wv[r][u].w};
+        int isum = 0;
+        if constexpr (kBits == 4) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            isum = __dp4a(int(wd[i] & 0x0F0F0F0Fu), xw[2 * i], isum);
+            isum = __dp4a(int((wd[i] >> 4) & 0x0F0F0F0Fu), xw[2 * i + 1], isum);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) isum = __dp4a(int(wd[i] ^ 0x80808080u), xw[i], isum);
+          isum += 128 * xq.qsum[vi];
+        }
+        const float s = load_const(sr[r] + vi / vpg), b = load_const(br[r] + vi / vpg);
+        acc[r] = fmaf(s * xs, float(isum), fmaf(b, xsum, acc[r]));
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) acc[r] = detail::warp_sum(acc[r]);
+  if (lane != 0) return;
+#pragma unroll
+  for (int r = 0; r < kRows; r += 2) gemv_epilogue(e, n0 + r, acc[r], acc[r + 1]);
+}
+
+template <typename S, int kBits, bool kNorm>
+void launch_qgemv_x8(const QGemvArgs<S>& a, Launch stream) {
+  constexpr int kVE = 128 / kBits;
+  const size_t smem = size_t(a.e.K) + size_t(a.e.K / kVE) * 12;
+  if (smem > 48 * 1024) fail_op("linear", "int8 x: K = " + std::to_string(a.e.K) + " needs more than 48 KB of shared memory");
+  launch(qgemv_x8_kernel<S, kBits, kNorm>, dim3(ceil_div(a.e.N, 32)), dim3(256), smem, stream, a);
+}
+
 // T > 1: rows [n0, n0 + rows) of quantized weights dequantised to bf16 [rows, K]
 // (round to nearest even of fmaf(s, q, b)), one thread per 32-bit word.
 template <typename S, int kBits>
@@ -667,10 +846,16 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
       if (p.qbits) {
         QGemvArgs<W> q{static_cast<const uint32_t*>(p.w), static_cast<const W*>(p.scales),
                        static_cast<const W*>(p.biases), p.group, a};
-        if (p.qbits == 4)
+        if (p.int8_x) {
+          if (p.qbits == 4)
+            p.norm ? launch_qgemv_x8<W, 4, true>(q, stream) : launch_qgemv_x8<W, 4, false>(q, stream);
+          else
+            p.norm ? launch_qgemv_x8<W, 8, true>(q, stream) : launch_qgemv_x8<W, 8, false>(q, stream);
+        } else if (p.qbits == 4) {
           p.norm ? launch_qgemv<W, 4, true>(q, p.shape, stream) : launch_qgemv<W, 4, false>(q, p.shape, stream);
-        else
+        } else {
           p.norm ? launch_qgemv<W, 8, true>(q, p.shape, stream) : launch_qgemv<W, 8, false>(q, p.shape, stream);
+        }
       } else if (p.norm) {
         launch_gemv<W, true>(a, p.shape, stream);
       } else {
