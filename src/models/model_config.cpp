@@ -546,6 +546,8 @@ ModelConfig parse_model_config(const std::string& json_text) {
     root = json::parse(json_text);
   } catch (const json::parse_error& e) {
     fail("config", "config.json: malformed JSON at byte {}: {}", e.byte, e.what());
+  } catch (const json::exception& e) {  // out_of_range.406: a number beyond double's range, e.g. 1e999
+    fail("config", "config.json: malformed JSON: {}", e.what());
   }
   return parse_root(root, "config.json");
 }
@@ -563,6 +565,8 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
     root = json::parse(ss.str());
   } catch (const json::parse_error& e) {
     fail("config", "{}: malformed JSON at byte {}: {}", file.string(), e.byte, e.what());
+  } catch (const json::exception& e) {  // out_of_range.406: a number beyond double's range
+    fail("config", "{}: malformed JSON: {}", file.string(), e.what());
   }
   return parse_root(root, file.string());
 }

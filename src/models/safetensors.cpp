@@ -165,6 +165,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
     header = json::parse(hdr, hdr + n);
   } catch (const json::parse_error& e) {
     fail("safetensors", "{}: header is not valid JSON (at byte {} of the header): {}", fname, e.byte, e.what());
+  } catch (const json::exception& e) {  // out_of_range.406: a number beyond double's range, e.g. 1e999
+    fail("safetensors", "{}: header is not valid JSON: {}", fname, e.what());
   }
   if (!header.is_object()) fail("safetensors", "{}: header is not a JSON object", fname);
 
@@ -329,6 +331,8 @@ WeightStore::WeightStore(const std::filesystem::path& model_dir) : dir_(model_di
     j = json::parse(ss.str());
   } catch (const json::parse_error& e) {
     fail("safetensors", "{}: malformed JSON at byte {}: {}", iname, e.byte, e.what());
+  } catch (const json::exception& e) {  // out_of_range.406: a number beyond double's range
+    fail("safetensors", "{}: malformed JSON: {}", iname, e.what());
   }
   if (!j.is_object()) fail("safetensors", "{}: not a JSON object", iname);
   auto wm = j.find("weight_map");

@@ -23,6 +23,12 @@ json parse_json(std::string_view text, std::string_view name) {
     std::string why = e.what();
     if (auto colon = why.find(": "); colon != std::string::npos) why = why.substr(colon + 2);
     fail("tokenizer", "{}: parse error at byte {}: {}", name, e.byte, why);
+  } catch (const json::exception& e) {
+    // out_of_range.406, "[json.exception.out_of_range.406] number overflow parsing '1e999'": a number
+    // beyond double's range, which nlohmann reports as out_of_range, not parse_error.
+    std::string why = e.what();
+    if (auto close = why.find("] "); close != std::string::npos) why = why.substr(close + 2);
+    fail("tokenizer", "{}: {}", name, why);
   }
 }
 
