@@ -33,6 +33,18 @@ using json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the reference reader's limit
 
+// nlohmann parses iteratively, but dump() (error messages) and copies recurse,
+// so a header of 10^5 nested brackets overflowed the stack. Real headers nest
+// 3 levels deep, index files 2.
+constexpr int kMaxJsonDepth = 64;
+
+json parse_limited(const char* begin, const char* end, const std::string& what) {
+  return json::parse(begin, end, [&](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxJsonDepth) fail("safetensors", "{}: JSON nested deeper than {} levels", what, kMaxJsonDepth);
+    return true;
+  });
+}
+
 struct DTypeInfo {
   std::string_view name;
   int bits;                   // element size in bits
@@ -162,7 +174,7 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
   const char* hdr = reinterpret_cast<const char*>(file_.data() + 8);
   json header;
   try {
-    header = json::parse(hdr, hdr + n);
+    header = parse_limited(hdr, hdr + n, fname);
   } catch (const json::parse_error& e) {
     fail("safetensors", "{}: header is not valid JSON (at byte {} of the header): {}", fname, e.byte, e.what());
   } catch (const json::exception& e) {  // out_of_range.406: a number beyond double's range, e.g. 1e999
@@ -328,7 +340,8 @@ WeightStore::WeightStore(const std::filesystem::path& model_dir) : dir_(model_di
   ss << in.rdbuf();
   json j;
   try {
-    j = json::parse(ss.str());
+    const std::string text = ss.str();
+    j = parse_limited(text.data(), text.data() + text.size(), iname);
   } catch (const json::parse_error& e) {
     fail("safetensors", "{}: malformed JSON at byte {}: {}", iname, e.byte, e.what());
   } catch (const json::exception& e) {  // out_of_range.406: a number beyond double's range

@@ -15,9 +15,17 @@ using tok::json;
 
 namespace {
 
+// nlohmann parses iteratively, but dump(), copies and the component readers
+// (Sequence of Sequence ...) recurse, so 10^4 nested levels overflowed the
+// stack. Real tokenizer.json files nest about 6 levels deep.
+constexpr int kMaxJsonDepth = 64;
+
 json parse_json(std::string_view text, std::string_view name) {
   try {
-    return json::parse(text.begin(), text.end());
+    return json::parse(text.begin(), text.end(), [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) fail("tokenizer", "{}: JSON nested deeper than {} levels", name, kMaxJsonDepth);
+      return true;
+    });
   } catch (const json::parse_error& e) {
     // e.what() reads "[json.exception.parse_error.101] parse error at line 1, column 2: <why>".
     std::string why = e.what();

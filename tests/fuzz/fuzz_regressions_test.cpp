@@ -147,5 +147,55 @@ TEST(FuzzRegressions, NumberBeyondDoubleRangeIsAnErrorInTokenizerJson) {
   }
 }
 
+// nlohmann parses iteratively, but dump() (each parser's error messages),
+// copies and the tokenizer's recursive component readers are not: 10^5 nested
+// brackets overflowed the stack in all three parsers (found by feeding the fuzz
+// targets deeper inputs than libFuzzer's length limit lets them build).
+std::string nested(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+TEST(FuzzRegressions, DeeplyNestedSafetensorsHeaderIsAnError) {
+  TempDir dir;
+  const fs::path p = dir.path() / "model.safetensors";
+  write_bytes(p, safetensors_bytes(R"({"a": )" + nested(100000) + "}", ""));
+  try {
+    SafetensorsFile f(p);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("[safetensors] "));
+    EXPECT_THAT(e.what(), HasSubstr("JSON nested deeper than 64 levels"));
+  }
+  write_bytes(dir.path() / "model.safetensors.index.json", R"({"weight_map": {}, "x": )" + nested(100000) + "}");
+  fs::remove(p);
+  EXPECT_THROW(WeightStore{dir.path()}, Error);
+}
+
+TEST(FuzzRegressions, DeeplyNestedConfigIsAnError) {
+  try {
+    (void)parse_model_config(R"({"model_type": "llama", "vocab_size": )" + nested(100000) + "}");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[config] config.json: JSON nested deeper than 64 levels");
+  }
+  // Nesting a real config could have is fine: the limit only stops runaway input.
+  EXPECT_NO_THROW((void)parse_model_config(R"({"model_type": "llama", "x": )" + nested(60) + "}"));
+}
+
+TEST(FuzzRegressions, DeeplyNestedTokenizerJsonIsAnError) {
+  std::string normalizer;
+  for (int i = 0; i < 20000; ++i) normalizer += R"({"type": "Sequence", "normalizers": [)";
+  normalizer += "null";
+  for (int i = 0; i < 20000; ++i) normalizer += "]}";
+  try {
+    (void)Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "normalizer": )" +
+                               normalizer + "}");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[tokenizer] tokenizer.json: JSON nested deeper than 64 levels");
+  }
+  EXPECT_THROW((void)Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})",
+                                          "{\"x\": " + nested(100000) + "}"),
+               Error);
+}
+
 }  // namespace
 }  // namespace kvgraph
