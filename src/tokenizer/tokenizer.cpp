@@ -190,6 +190,16 @@ std::shared_ptr<Tokenizer::Impl> load(std::string_view tokenizer_json, std::stri
       impl->raw_matcher.add(t, t.content);
     }
   }
+  // The post-processor's ids are emitted as they are: each must name a token, or
+  // encode would hand out an id past vocab_size() (an embedding row that may not exist).
+  for (const std::vector<int32_t>* ids : {&impl->prefix_ids, &impl->suffix_ids}) {
+    for (int32_t id : *ids) {
+      if (id >= size || !(impl->flags[static_cast<size_t>(id)] & Tokenizer::Impl::kExists)) {
+        fail("tokenizer", "tokenizer.json: post_processor: token id {} is in neither the vocabulary nor "
+             "added_tokens", id);
+      }
+    }
+  }
 
   // tokenizer_config.json: bos/eos and add_bos_token / add_eos_token.
   auto id_of = [&](const std::string& token) -> std::optional<int32_t> {

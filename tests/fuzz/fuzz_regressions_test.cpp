@@ -79,7 +79,9 @@ TEST(FuzzRegressions, TokenizerInputsFailCleanly) {
     const std::string config = b == std::string::npos ? "" : bytes.substr(b + 1);
     expect_error_or_success(p, [&] {
       const Tokenizer tok = Tokenizer::from_json(json, config);
-      (void)tok.decode(tok.encode(text));
+      const std::vector<int32_t> ids = tok.encode(text);
+      for (int32_t id : ids) EXPECT_TRUE(id >= 0 && id < tok.vocab_size()) << "id " << id;
+      (void)tok.decode(ids);
     });
   }
 }
@@ -145,6 +147,30 @@ TEST(FuzzRegressions, NumberBeyondDoubleRangeIsAnErrorInTokenizerJson) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "[tokenizer] tokenizer_config.json: number overflow parsing '1E400'");
   }
+}
+
+// A post-processor (TemplateProcessing here) naming an id that no token has:
+// encode(text, true) handed it out although it is past vocab_size(), the rows
+// an embedding table is promised to need (found by tokenizer_fuzz in 60 s).
+TEST(FuzzRegressions, PostProcessorIdWithoutTokenIsAnError) {
+  const std::string json = R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []},
+      "post_processor": {"type": "TemplateProcessing",
+                         "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}}],
+                         "special_tokens": {"<s>": {"id": "<s>", "ids": [1000]}}}})";
+  try {
+    (void)Tokenizer::from_json(json);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "[tokenizer] tokenizer.json: post_processor: token id 1000 is in neither the vocabulary nor "
+                 "added_tokens");
+  }
+  // The same id as an added token is fine.
+  std::string with_added = json;
+  with_added.insert(1, R"("added_tokens": [{"id": 1000, "content": "<s>", "special": true}], )");
+  const Tokenizer tok = Tokenizer::from_json(with_added);
+  EXPECT_EQ(tok.vocab_size(), 1001);
+  EXPECT_EQ(tok.encode("ab"), (std::vector<int32_t>{1000, 0, 1}));
 }
 
 // nlohmann parses iteratively, but dump() (each parser's error messages),
