@@ -48,6 +48,7 @@ for t in "${targets[@]}"; do
   dict=()
   [ -f "tests/fuzz/dict/$t.dict" ] && dict=(-dict="tests/fuzz/dict/$t.dict")
   echo "[fuzz] $t: $what"
+  marker=$(mktemp)  # inputs older than this run (kept from earlier runs) are not counted again
   rc=0
   # -timeout: an input that takes over 10 s is a hang; -rss_limit_mb: over 2 GiB is a runaway allocation.
   # shellcheck disable=SC2086
@@ -56,7 +57,8 @@ for t in "${targets[@]}"; do
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
   secs=$(sed -n 's/^Done [0-9]* runs in \([0-9]*\) second.*/\1/p' "$log" | tail -1)
-  crashes=$(find "$artifacts" -type f | wc -l)
+  crashes=$(find "$artifacts" -type f -newer "$marker" | wc -l)
+  rm -f "$marker"
   line="$t: ${execs:-?} executions, ${rate:-?} exec/s, ${secs:-?} s, corpus $(find "$corpus" -type f | wc -l) files, $crashes crash/leak/timeout inputs"
   summary+=("$line")
   if [ "$rc" -ne 0 ] || [ "$crashes" -ne 0 ]; then
