@@ -173,6 +173,30 @@ TEST(FuzzRegressions, PostProcessorIdWithoutTokenIsAnError) {
   EXPECT_EQ(tok.encode("ab"), (std::vector<int32_t>{1000, 0, 1}));
 }
 
+// Token ids size the token table (largest id + 1): an id of 2^31 - 1 overflowed
+// that size (UBSan: signed overflow), and one sparse id of 2e9 asked for 64 GB
+// (found by probing tokenizer_fuzz's contract by hand, past libFuzzer's reach).
+TEST(FuzzRegressions, HugeTokenIdsAreAnError) {
+  try {
+    (void)Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 2147483647}, "merges": []}})");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[tokenizer] tokenizer.json: model.vocab: token id 2147483647 is larger than the limit "
+                           "16777215");
+  }
+  try {
+    (void)Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                                   "added_tokens": [{"id": 2000000000, "content": "x"}]})");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("added_tokens[0]: token id 2000000000 is larger than the limit"));
+  }
+  // Gemma 3's 262,144-token vocabulary is well inside the limit.
+  const Tokenizer tok = Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []},
+                                                 "added_tokens": [{"id": 262143, "content": "x"}]})");
+  EXPECT_EQ(tok.vocab_size(), 262144);
+}
+
 // nlohmann parses iteratively, but dump() (each parser's error messages),
 // copies and the tokenizer's recursive component readers are not: 10^5 nested
 // brackets overflowed the stack in all three parsers (found by feeding the fuzz
