@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
 # Installs kvgraph's build and test dependencies from Debian/Ubuntu packages.
 # Idempotent; needs root (or sudo).
+#
+#   scripts/install-deps.sh          what the cpu, asan and cuda presets need (g++)
+#   scripts/install-deps.sh --fuzz   also clang and its libFuzzer runtime, for the fuzz preset
+#                                    (Debian 12: clang 14, libclang_rt.fuzzer from libclang-rt-14-dev)
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PKGS=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
       libpcre2-dev libgtest-dev libgmock-dev librapidcheck-dev)
+for arg in "$@"; do
+  case "$arg" in
+    --fuzz) PKGS+=(clang libclang-rt-dev) ;;
+    *) echo "kvgraph: error: [install-deps] unknown option \"$arg\" (usage: install-deps.sh [--fuzz])" >&2; exit 2 ;;
+  esac
+done
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -22,6 +22,18 @@ namespace {
 
 using json = nlohmann::json;
 
+// nlohmann parses iteratively, but dump() (error messages) and copies recurse,
+// so a config of 10^5 nested brackets overflowed the stack. Real configs nest
+// 3 levels deep ("text_config" -> "rope_parameters" -> layer type).
+constexpr int kMaxJsonDepth = 64;
+
+json parse_limited(const std::string& text, const std::string& source) {
+  return json::parse(text, [&](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxJsonDepth) fail("config", "{}: JSON nested deeper than {} levels", source, kMaxJsonDepth);
+    return true;
+  });
+}
+
 // Short rendering of a JSON value for error messages.
 std::string show(const json& v) {
   std::string s = v.dump();
@@ -617,9 +629,11 @@ float ModelConfig::attention_scale() const {
 ModelConfig parse_model_config(const std::string& json_text) {
   json root;
   try {
-    root = json::parse(json_text);
+    root = parse_limited(json_text, "config.json");
   } catch (const json::parse_error& e) {
     fail("config", "config.json: malformed JSON at byte {}: {}", e.byte, e.what());
+  } catch (const json::exception& e) {  // out_of_range.406: a number beyond double's range, e.g. 1e999
+    fail("config", "config.json: malformed JSON: {}", e.what());
   }
   return parse_root(root, "config.json");
 }
@@ -634,9 +648,11 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
   ss << in.rdbuf();
   json root;
   try {
-    root = json::parse(ss.str());
+    root = parse_limited(ss.str(), file.string());
   } catch (const json::parse_error& e) {
     fail("config", "{}: malformed JSON at byte {}: {}", file.string(), e.byte, e.what());
+  } catch (const json::exception& e) {  // out_of_range.406: a number beyond double's range
+    fail("config", "{}: malformed JSON: {}", file.string(), e.what());
   }
   return parse_root(root, file.string());
 }

@@ -33,6 +33,18 @@ using json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;  // the reference reader's limit
 
+// nlohmann parses iteratively, but dump() (error messages) and copies recurse,
+// so a header of 10^5 nested brackets overflowed the stack. Real headers nest
+// 3 levels deep, index files 2.
+constexpr int kMaxJsonDepth = 64;
+
+json parse_limited(const char* begin, const char* end, const std::string& what) {
+  return json::parse(begin, end, [&](int depth, json::parse_event_t, json&) {
+    if (depth > kMaxJsonDepth) fail("safetensors", "{}: JSON nested deeper than {} levels", what, kMaxJsonDepth);
+    return true;
+  });
+}
+
 struct DTypeInfo {
   std::string_view name;
   int bits;                   // element size in bits
@@ -165,7 +177,9 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
   // one's bytes would then look like a gap: catch it while parsing.
   std::set<std::string> keys;
   std::string duplicate;
+  // Nesting is limited as parse_limited does (a deep input overflowed the stack).
   auto on_key = [&](int depth, json::parse_event_t event, json& parsed) {
+    if (depth > kMaxJsonDepth) fail("safetensors", "{}: JSON nested deeper than {} levels", fname, kMaxJsonDepth);
     if (event == json::parse_event_t::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second &&
         duplicate.empty())
       duplicate = parsed.get<std::string>();
@@ -175,6 +189,8 @@ SafetensorsFile::SafetensorsFile(const std::filesystem::path& path) : file_(path
     header = json::parse(hdr, hdr + n, on_key);
   } catch (const json::parse_error& e) {
     fail("safetensors", "{}: header is not valid JSON (at byte {} of the header): {}", fname, e.byte, e.what());
+  } catch (const json::exception& e) {  // out_of_range.406: a number beyond double's range, e.g. 1e999
+    fail("safetensors", "{}: header is not valid JSON: {}", fname, e.what());
   }
   if (!header.is_object()) fail("safetensors", "{}: header is not a JSON object", fname);
   if (!duplicate.empty()) fail("safetensors", "{}: tensor \"{}\" appears twice in the header", fname, duplicate);
@@ -337,9 +353,12 @@ WeightStore::WeightStore(const std::filesystem::path& model_dir) : dir_(model_di
   ss << in.rdbuf();
   json j;
   try {
-    j = json::parse(ss.str());
+    const std::string text = ss.str();
+    j = parse_limited(text.data(), text.data() + text.size(), iname);
   } catch (const json::parse_error& e) {
     fail("safetensors", "{}: malformed JSON at byte {}: {}", iname, e.byte, e.what());
+  } catch (const json::exception& e) {  // out_of_range.406: a number beyond double's range
+    fail("safetensors", "{}: malformed JSON: {}", iname, e.what());
   }
   if (!j.is_object()) fail("safetensors", "{}: not a JSON object", iname);
   auto wm = j.find("weight_map");

@@ -64,10 +64,18 @@ inline const json& need_array(const json& obj, const char* key, std::string_view
   return v;
 }
 
-// A token id from JSON: an integer in [0, 2^31).
+// Ids index a token table of (largest id + 1) entries, so they are capped: an
+// id near 2^31 overflowed that size (UB), and one sparse id of 2e9 asked for a
+// 64 GB table. Real vocabularies stay under 2^20.
+constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+
+// A token id from JSON: an integer in [0, kMaxTokenId].
 inline int32_t as_token_id(const json& v, std::string_view where) {
-  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX) {
+  if (!v.is_number_integer() || v.get<int64_t>() < 0) {
     bad_json(where, fmt::format("{} is not a valid token id", v.dump()));
+  }
+  if (v.get<int64_t>() > kMaxTokenId) {
+    bad_json(where, fmt::format("token id {} is larger than the limit {}", v.dump(), kMaxTokenId));
   }
   return static_cast<int32_t>(v.get<int64_t>());
 }

@@ -16,14 +16,28 @@ using tok::json;
 
 namespace {
 
+// nlohmann parses iteratively, but dump(), copies and the component readers
+// (Sequence of Sequence ...) recurse, so 10^4 nested levels overflowed the
+// stack. Real tokenizer.json files nest about 6 levels deep.
+constexpr int kMaxJsonDepth = 64;
+
 json parse_json(std::string_view text, std::string_view name) {
   try {
-    return json::parse(text.begin(), text.end());
+    return json::parse(text.begin(), text.end(), [&](int depth, json::parse_event_t, json&) {
+      if (depth > kMaxJsonDepth) fail("tokenizer", "{}: JSON nested deeper than {} levels", name, kMaxJsonDepth);
+      return true;
+    });
   } catch (const json::parse_error& e) {
     // e.what() reads "[json.exception.parse_error.101] parse error at line 1, column 2: <why>".
     std::string why = e.what();
     if (auto colon = why.find(": "); colon != std::string::npos) why = why.substr(colon + 2);
     fail("tokenizer", "{}: parse error at byte {}: {}", name, e.byte, why);
+  } catch (const json::exception& e) {
+    // out_of_range.406, "[json.exception.out_of_range.406] number overflow parsing '1e999'": a number
+    // beyond double's range, which nlohmann reports as out_of_range, not parse_error.
+    std::string why = e.what();
+    if (auto close = why.find("] "); close != std::string::npos) why = why.substr(close + 2);
+    fail("tokenizer", "{}: {}", name, why);
   }
 }
 
@@ -175,6 +189,16 @@ std::shared_ptr<Tokenizer::Impl> load(std::string_view tokenizer_json, std::stri
       impl->normalized_matcher.add(t, std::move(pattern));
     } else {
       impl->raw_matcher.add(t, t.content);
+    }
+  }
+  // The post-processor's ids are emitted as they are: each must name a token, or
+  // encode would hand out an id past vocab_size() (an embedding row that may not exist).
+  for (const std::vector<int32_t>* ids : {&impl->prefix_ids, &impl->suffix_ids}) {
+    for (int32_t id : *ids) {
+      if (id >= size || !(impl->flags[static_cast<size_t>(id)] & Tokenizer::Impl::kExists)) {
+        fail("tokenizer", "tokenizer.json: post_processor: token id {} is in neither the vocabulary nor "
+             "added_tokens", id);
+      }
     }
   }
 
