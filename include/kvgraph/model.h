@@ -69,6 +69,25 @@ struct ModelInfo {
 // window that reaches the capacity becomes flat (same semantics).
 CacheConfig cache_config(const ModelConfig& c, Device device, int32_t capacity, int32_t max_write, DType storage);
 
+// `kvgraph quantize`: the float checkpoint in `dir` written to `out` in MLX's
+// layout (kvgraph/quant.h), quantized to `format` exactly as Model::load(dir,
+// ..., quantize = format) quantizes on load (the same matrices, the same
+// codes; scales and biases in bf16 for a bf16 tensor, else f32), so loading
+// `out` builds the same model. Every other tensor is copied as stored, and
+// every other file of `dir` (tokenizer, generation config, chat template);
+// config.json gains "quantization" and "quantization_config". `out` must not
+// exist or be an empty directory; it is written under `out`.partial and
+// renamed when complete, so a failure leaves nothing behind. Throws
+// [quantize] for an already quantized checkpoint or an unsupported format.
+struct QuantizeSummary {
+  int quantized = 0;      // matrices written quantized
+  int copied = 0;         // tensors copied as stored
+  size_t bytes_in = 0;    // safetensors bytes read
+  size_t bytes_out = 0;   // safetensors bytes written
+};
+QuantizeSummary quantize_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
+                                    QuantFormat format, const ProgressFn& progress = {});
+
 class Model {
  public:
   // How the CPU stores a bf16 checkpoint's matrices. f32: widened once at
