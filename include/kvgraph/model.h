@@ -63,6 +63,14 @@ struct ModelInfo {
   size_t checkpoint_bytes = 0;      // checkpoint bytes those weights are read from (0: synthetic)
   QuantFormat quantization;         // as Model::quantization()
   bool quantized_checkpoint = false;  // stored quantized (else quantized on load, or not at all)
+  // Every Model tensor as it will sit on the device, in schema order.
+  struct Tensor {
+    std::string name;            // its checkpoint tensor ("a + b" when parts are fused)
+    std::vector<int64_t> shape;  // of the Model tensor
+    std::string format;          // "f32", "bf16", "int4/g64"
+    size_t bytes = 0;            // on the device (quantized: codes, scales and biases)
+  };
+  std::vector<Tensor> tensors;
 };
 
 // Ring{window, max_write} for sliding layers, Flat{capacity} for the rest; a

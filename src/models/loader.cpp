@@ -344,6 +344,7 @@ ModelInfo Model::describe(const std::filesystem::path& dir, Device device, CpuWe
   const LoadPlan lp = plan_load(store, info.config, device, cpu_weights, quantize);
   info.matrix_dtype = lp.matrix_dtype;
   info.weight_bytes = planned_bytes(lp.plans, lp.matrix_dtype, lp.formats());
+  info.tensors = planned_tensors(lp.plans, lp.matrix_dtype, lp.formats());
   info.quantization = lp.quantization;
   info.quantized_checkpoint = lp.stored_quantized;
   info.checkpoint_bytes = lp.stored_bytes;

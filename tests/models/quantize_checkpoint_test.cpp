@@ -72,6 +72,19 @@ TEST(QuantizeCheckpoint, MatchesAnIndependentMlxWriterAndLoadsAsQuantizeOnLoad) 
       EXPECT_EQ(config["quantization_config"], want.config["quantization"]);
       EXPECT_TRUE(fs::exists(out / "tokenizer.json") == fs::exists(src / "tokenizer.json"));
 
+      // inspect's view: every matrix in the format, the bytes summing to the total.
+      const ModelInfo info = Model::describe(out, Device::CPU);
+      size_t bytes = 0;
+      int quantized = 0;
+      for (const ModelInfo::Tensor& t : info.tensors) {
+        bytes += t.bytes;
+        quantized += t.format == "int" + std::to_string(bits) + "/g" + std::to_string(group);
+        if (t.name.find("norm") != std::string::npos) EXPECT_EQ(t.format, "f32") << t.name;
+      }
+      EXPECT_EQ(bytes, info.weight_bytes);
+      EXPECT_GT(quantized, 0);
+      EXPECT_EQ(Model::load(out, Device::CPU)->weight_bytes(), info.weight_bytes);
+
       // Loading it is quantizing on load: the same logits, bit for bit.
       const std::vector<int32_t> ids = {1, 5, 9, 2, 7, 3};
       const auto a = prefill_logits(Model::load(out, Device::CPU), ids);
