@@ -26,10 +26,11 @@
 namespace kvgraph::chat::jinja {
 
 // A syntax or runtime error of a template; what() is
-// "[chat_template] line N: message" (no line when unknown: 0).
+// "[chat_template] ORIGIN line N: message" (no origin when not given, no line
+// when unknown: 0).
 class TemplateError : public Error {
  public:
-  TemplateError(int line, const std::string& message);
+  TemplateError(int line, const std::string& message, const std::string& origin = "");
   int line() const { return line_; }
   const std::string& message() const { return message_; }  // without the prefix
 

@@ -31,12 +31,13 @@ class Params {
       in.fail(fmt::format("{}() takes at most {} argument{} ({} given)", fn, n.size(), n.size() == 1 ? "" : "s",
                           args.pos.size()));
     for (size_t i = 0; i < args.pos.size(); ++i) values_[i] = args.pos[i];
-    for (auto& [k, v] : args.kw) {
+    for (auto& kv : args.kw) {
+      const std::string& k = kv.first;
       auto it = std::find_if(n.begin(), n.end(), [&](const char* x) { return k == x; });
       if (it == n.end()) in.fail(fmt::format("{}() got an unexpected keyword argument '{}'", fn, k));
       auto& slot = values_[static_cast<size_t>(it - n.begin())];
       if (slot) in.fail(fmt::format("{}() got multiple values for argument '{}'", fn, k));
-      slot = v;
+      slot = kv.second;
     }
   }
   bool has(size_t i) const { return values_[i].has_value(); }
@@ -355,7 +356,7 @@ Value f_format(Interpreter& in, const Value& v, CallArgs& a) {
   if (!a.kw.empty()) {
     auto d = std::make_shared<Dict>();
     for (auto& [k, x] : a.kw) d->set(Value(k), x);
-    args = Value(std::shared_ptr<const Dict>(std::move(d)));
+    args = Value::dict(std::move(*d));
   } else {
     args = Value::list(a.pos, true);
   }
@@ -1037,7 +1038,7 @@ Value make_dict(Interpreter& in, CallArgs& a, const char* fn) {
     }
   }
   for (auto& [k, v] : a.kw) d->set(Value(k), v);
-  return Value(std::shared_ptr<const Dict>(std::move(d)));
+  return Value::dict(std::move(*d));
 }
 
 Value g_range(Interpreter& in, CallArgs& a) {
@@ -1546,7 +1547,7 @@ std::optional<Value> NamespaceObject::attr(std::string_view name) const {
   return std::nullopt;
 }
 
-std::string NamespaceObject::str() const { return "<Namespace " + Value(std::make_shared<const Dict>(attrs)).repr() + ">"; }
+std::string NamespaceObject::str() const { return "<Namespace " + dict_repr(attrs) + ">"; }
 
 std::optional<Value> builtin_method(const Value& self, const std::string& name) {
   auto bound = [&](auto fn) -> Value {

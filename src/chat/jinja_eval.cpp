@@ -433,7 +433,7 @@ Value Interpreter::invoke_macro(const MacroDef& def, const ScopePtr& closure, Ca
   if (def.catch_kwargs) {
     auto d = std::make_shared<Dict>();
     for (auto& [k, v] : args.kw) d->set(Value(k), std::move(v));
-    scope->vars["kwargs"] = Value(std::shared_ptr<const Dict>(std::move(d)));
+    scope->vars["kwargs"] = Value::dict(std::move(*d));
   } else if (!args.kw.empty()) {
     fail(fmt::format("macro '{}' takes no keyword argument '{}'", def.name, args.kw.front().first));
   }
@@ -510,7 +510,7 @@ Value Interpreter::eval_collection(const Expr& e, const ScopePtr& scope) {
       if (!py_hashable(key)) fail(fmt::format("unhashable type: '{}'", key.type_name()));
       d->set(std::move(key), std::move(value));
     }
-    return Value(std::shared_ptr<const Dict>(std::move(d)));
+    return Value::dict(std::move(*d));
   }
   std::vector<Value> items;
   items.reserve(e.items.size());
@@ -1028,9 +1028,10 @@ void check_names(const Body& body, bool soft) {
 
 }  // namespace
 
-TemplateError::TemplateError(int line, const std::string& message)
-    : Error(line > 0 ? fmt::format("[chat_template] line {}: {}", line, message)
-                     : fmt::format("[chat_template] {}", message)),
+TemplateError::TemplateError(int line, const std::string& message, const std::string& origin)
+    : Error(fmt::format("[chat_template] {}{}{}", origin, origin.empty() || line <= 0 ? "" : " ",
+                        line > 0 ? fmt::format("line {}: {}", line, message)
+                                 : (origin.empty() ? message : ": " + message))),
       line_(line),
       message_(message) {}
 

@@ -23,12 +23,38 @@ Value Value::undefined(std::string message, bool unsafe) {
   return Value(Storage(std::make_shared<const Undefined>(Undefined{std::move(message), unsafe})));
 }
 
+uint32_t Value::nesting() const {
+  if (is_list()) return std::get<6>(v_)->depth;
+  if (is_dict()) return std::get<7>(v_)->depth;
+  return 0;
+}
+
+namespace {
+
+[[noreturn]] void too_deep() {
+  throw std::length_error("lists and dicts nested more than " + std::to_string(kMaxValueDepth) + " deep");
+}
+
+}  // namespace
+
 Value Value::list(std::vector<Value> items, bool tuple) {
-  return Value(Storage(std::make_shared<const List>(List{std::move(items), tuple, nullptr})));
+  uint32_t depth = 1;
+  for (const Value& v : items) depth = std::max(depth, v.nesting() + 1);
+  if (depth > kMaxValueDepth) too_deep();
+  return Value(Storage(std::make_shared<const List>(List{std::move(items), tuple, nullptr, depth})));
 }
 
 Value Value::view(std::vector<Value> items, const char* name) {
-  return Value(Storage(std::make_shared<const List>(List{std::move(items), false, name})));
+  Value v = list(std::move(items));
+  return Value(Storage(std::make_shared<const List>(List{v.items(), false, name, std::get<6>(v.v_)->depth})));
+}
+
+Value Value::dict(Dict d) {
+  uint32_t depth = 1;
+  for (const auto& [k, v] : d.items) depth = std::max({depth, k.nesting() + 1, v.nesting() + 1});
+  if (depth > kMaxValueDepth) too_deep();
+  d.depth = depth;
+  return Value(Storage(std::make_shared<const Dict>(std::move(d))));
 }
 
 double Value::as_float() const {
@@ -153,6 +179,43 @@ std::string html_escape(std::string_view s) {
   return out;
 }
 
+namespace {
+
+// Python's Py_ReprEnter: the containers being printed, innermost last.
+thread_local std::vector<const void*> g_printing;
+
+struct ReprGuard {
+  bool recursive = false;
+  bool pushed = false;
+  explicit ReprGuard(const void* p) {
+    recursive = std::find(g_printing.begin(), g_printing.end(), p) != g_printing.end();
+    if (recursive) return;
+    if (g_printing.size() >= 2 * kMaxValueDepth) throw std::length_error("values nested too deeply to print");
+    g_printing.push_back(p);
+    pushed = true;
+  }
+  ~ReprGuard() {
+    if (pushed) g_printing.pop_back();
+  }
+  ReprGuard(const ReprGuard&) = delete;
+  ReprGuard& operator=(const ReprGuard&) = delete;
+};
+
+}  // namespace
+
+std::string dict_repr(const Dict& d) {
+  ReprGuard guard(&d);
+  if (guard.recursive) return "{...}";
+  std::string out = "{";
+  bool first = true;
+  for (const auto& [k, v] : d.items) {
+    if (!first) out += ", ";
+    first = false;
+    out += k.repr() + ": " + v.repr();
+  }
+  return out + "}";
+}
+
 std::string Value::str() const {
   switch (kind()) {
     case Kind::undefined: return "";
@@ -172,6 +235,8 @@ std::string Value::repr() const {
     case Kind::string: return is_markup() ? "Markup(" + string_repr(as_string()) + ")" : string_repr(as_string());
     case Kind::list: {
       const auto& xs = items();
+      ReprGuard guard(std::get<6>(v_).get());
+      if (guard.recursive) return "[...]";
       std::string out = is_tuple() ? "(" : "[";
       for (size_t i = 0; i < xs.size(); ++i) {
         if (i) out += ", ";
@@ -181,16 +246,7 @@ std::string Value::repr() const {
       out += is_tuple() ? ")" : "]";
       return view_name() ? std::string(view_name()) + "(" + out + ")" : out;
     }
-    case Kind::dict: {
-      std::string out = "{";
-      bool first = true;
-      for (const auto& [k, v] : dict().items) {
-        if (!first) out += ", ";
-        first = false;
-        out += k.repr() + ": " + v.repr();
-      }
-      return out + "}";
-    }
+    case Kind::dict: return dict_repr(dict());
     case Kind::object: return object()->str();
   }
   return "";
@@ -219,7 +275,7 @@ Value Value::from_json(const nlohmann::ordered_json& j) {
       auto d = std::make_shared<Dict>();
       d->items.reserve(j.size());
       for (const auto& [k, v] : j.items()) d->items.emplace_back(Value(k), from_json(v));
-      return Value(std::shared_ptr<const Dict>(std::move(d)));
+      return Value::dict(std::move(*d));
     }
     default: throw std::runtime_error("binary JSON values are not supported");
   }

@@ -25,12 +25,18 @@ namespace kvgraph::chat::jinja {
 class Value;
 class Interpreter;
 
+// Lists and dicts nest at most this deep (a template could otherwise build a
+// chain deep enough to overflow the stack of any recursive walk, the
+// destructor's included); deeper is an error when built.
+inline constexpr uint32_t kMaxValueDepth = 128;
+
 struct List {
   std::vector<Value> items;
   bool tuple = false;  // printed (a, b); never equal to a list
   // A dict view (dict.items(), .keys(), .values()): iterates as the list,
   // prints as Python prints the view ("dict_items([...])"), not subscriptable.
   const char* view = nullptr;
+  uint32_t depth = 1;  // 1 + the deepest list or dict item
 };
 
 struct Dict;
@@ -89,9 +95,10 @@ class Value {
   bool is_markup() const { return markup_ && is_string(); }
   Value(const char* s) : v_(std::string(s)) {}
   Value(std::string_view s) : v_(std::string(s)) {}
+  // Both throw std::length_error beyond kMaxValueDepth.
   static Value list(std::vector<Value> items, bool tuple = false);
   static Value view(std::vector<Value> items, const char* name);  // "dict_items", "dict_keys", "dict_values"
-  Value(std::shared_ptr<const Dict> d) : v_(std::move(d)) {}
+  static Value dict(Dict d);  // throws std::length_error beyond kMaxValueDepth
   Value(std::shared_ptr<Object> o) : v_(std::move(o)) {}
 
   Kind kind() const { return static_cast<Kind>(v_.index()); }
@@ -118,6 +125,7 @@ class Value {
   const std::shared_ptr<const Dict>& dict_ptr() const { return std::get<7>(v_); }
   const std::shared_ptr<Object>& object() const { return std::get<8>(v_); }
   const Undefined* undefined_info() const { return std::get<0>(v_).get(); }  // may be null
+  uint32_t nesting() const;  // a list's or dict's depth (1: no list or dict inside), else 0
 
   // Python's truth value (Undefined is false).
   bool truthy() const;
@@ -141,6 +149,7 @@ class Value {
 
 struct Dict {
   std::vector<std::pair<Value, Value>> items;  // insertion order
+  uint32_t depth = 1;                          // set by Value::dict
   const Value* find(const Value& key) const;
   const Value* find(std::string_view key) const;
   // Inserts, or replaces the value of an equal key in place (Python's d[k] = v).
@@ -156,6 +165,11 @@ bool py_hashable(const Value& v);
 
 // Python's repr(float) (shortest round-trip digits; "1e+16", "0.0001", "1.0").
 std::string float_repr(double d);
+// Python's repr of a dict; a dict met again inside itself (through a
+// namespace) prints as {...}, as Python prints it. Nesting too deep to print
+// throws std::length_error.
+std::string dict_repr(const Dict& d);
+
 // Python's repr(str): quotes and escapes as Python 3 does.
 std::string string_repr(std::string_view s);
 // markupsafe.escape of a str: & < > " ' as entities.
