@@ -54,8 +54,8 @@ void rms_norm(const float* x, const float* w, float* out, int64_t rows, int D, f
 }
 
 void linear(const float* x, const float* w, const float* bias, float* out, int T, int N, int K) {
-  if (T == 1)
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w, K, x, 1, 0.0f, out, 1);
+  if (T <= kRowsMaxT)
+    rows_product(x, T, w, N, K, out, N);
   else
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.0f, x, K, w, K, 0.0f, out, N);
   if (bias)
@@ -73,8 +73,8 @@ void linear_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float*
     const int n = std::min(rows, N - n0);
     const uint16_t* src = w + static_cast<int64_t>(n0) * K;
     for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) panel[i] = bf16_to_f32(src[i]);
-    if (T == 1)
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, K, 1.0f, panel.data(), K, x, 1, 0.0f, out + n0, 1);
+    if (T <= kRowsMaxT)
+      rows_product(x, T, panel.data(), n, K, out + n0, N);
     else
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, K, 1.0f, x, K, panel.data(), K, 0.0f, out + n0, N);
   }
@@ -108,8 +108,8 @@ void linear_affine(const float* x, const AffineRows& w, const void* bias, float*
   for (int n0 = 0; n0 < N; n0 += rows) {
     const int n = std::min(rows, N - n0);
     for (int r = 0; r < n; ++r) w.dequantize_row(n0 + r, K, panel.data() + static_cast<int64_t>(r) * K);
-    if (T == 1)
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, K, 1.0f, panel.data(), K, x, 1, 0.0f, out + n0, 1);
+    if (T <= kRowsMaxT)
+      rows_product(x, T, panel.data(), n, K, out + n0, N);
     else
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, K, 1.0f, x, K, panel.data(), K, 0.0f, out + n0, N);
   }
