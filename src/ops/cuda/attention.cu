@@ -165,27 +165,28 @@ __device__ __forceinline__ SplitRange split_range(const AttnArgs<S>& a, int32_t 
 
 // Split-KV finish, called by every block of a (kv head, query-head group)
 // after it stored its partial (unnormalised O, running max m and sum l per
-// query head). The last block to arrive merges them into `out` (the rows of
-// one token): out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m).
+// query head; head hq0 + g's partials in row part0 + g). The last block to
+// arrive (`counter` counts them) merges them into `out` (the rows of one
+// token): out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m).
 // Built for latency: the (m, l) pairs are read once, in parallel, and turned
 // into weights per head (one warp per head, lane per split); each output
 // element then streams its partials with the loads in flight together.
 // Fixed order everywhere, so the result is deterministic.
 template <typename S, int kMaxG>
-__device__ void merge_splits(const AttnArgs<S>& a, int h, int zg, int hq0, int Gz, int n_active, float* out) {
+__device__ void merge_splits(const AttnArgs<S>& a, unsigned* counter, int hq0, int part0, int Gz, int n_active,
+                             float* out) {
   __shared__ int s_last;
   __shared__ float w_s[kMaxG][kMaxSplits];
   __shared__ float l_s[kMaxG];
   __threadfence();
   __syncthreads();
-  unsigned* counter = a.counters + h * a.zgroups + zg;
   if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == unsigned(n_active - 1);
   __syncthreads();
   if (!s_last) return;
   __threadfence();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int g = warp; g < Gz; g += kWarps) {
-    const float* ml = a.part_ml + size_t(hq0 + g) * a.ws_splits * 2;
+    const float* ml = a.part_ml + size_t(part0 + g) * a.ws_splits * 2;
     float m[2], l[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -217,7 +218,7 @@ __device__ void merge_splits(const AttnArgs<S>& a, int h, int zg, int hq0, int G
   for (int k = 0; k < kPer; ++k) {
     const int i = min(int(threadIdx.x) + k * kThreads, n_out - 1);
     gk[k] = i >> lgD;
-    po[k] = a.part_o + size_t(hq0 + gk[k]) * a.ws_splits * D + (i & (D - 1));
+    po[k] = a.part_o + size_t(part0 + gk[k]) * a.ws_splits * D + (i & (D - 1));
     O[k] = 0.f;
   }
 #pragma unroll 2
@@ -416,10 +417,11 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
   }
   if (single) return;
 
-  merge_splits<S, kMaxG>(a, h, zg, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
+  merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
 }
 
-// Decode (T == 1) attention, built for latency. The block's chunk of keys
+// Decode attention, built for latency: T == 1, or (kMulti) each of a step's
+// T <= kMaxDecodeQueries queries as its own decode step. The block's chunk of keys
 // goes in tiles of kThreads keys: (1) scores with one thread per key, each
 // reading its whole K row and dotting it with every query head of the group
 // from shared memory (no shuffles on the critical path); (2) an online
@@ -434,7 +436,7 @@ __device__ __forceinline__ float rounded(float x) {
   return detail::to_f32(detail::from_f32<S>(x));
 }
 
-template <typename S, int kMaxG>
+template <typename S, int kMaxG, bool kMulti>
 __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float m_run[kMaxG], l_run[kMaxG], corr[kMaxG];
@@ -459,24 +461,32 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   }
   detail::griddep_wait();
 
-  const int h = blockIdx.x % a.Hkv;
-  const int zg = blockIdx.x / a.Hkv;
+  const int pairs = a.zgroups * a.Hkv;
+  const int t = kMulti ? blockIdx.x / pairs : 0;  // the query
+  const int bx = kMulti ? blockIdx.x % pairs : blockIdx.x;
+  const int h = bx % a.Hkv;
+  const int zg = bx / a.Hkv;
   const int split = blockIdx.y, splits = gridDim.y;
   const int g0 = zg * kMaxG;
   const int Gz = min(kMaxG, a.G - g0);
   const int hq0 = h * a.G + g0;
   const S* kp = a.k_pool + size_t(h) * a.rule.pool * D;
   const S* vp = a.v_pool + size_t(h) * a.rule.pool * D;
+  const float* q_t = kMulti ? a.q + t * a.q_stride : a.q;
+  const float* k_t = kMulti ? a.k + t * a.k_stride : a.k;
+  const float* v_t = kMulti ? a.v + t * a.v_stride : a.v;
+  float* out_t = kMulti ? a.out + size_t(t) * a.Hq * D : a.out;
+  const int part_t = kMulti ? t * a.Hq : 0;  // partial rows of this query's heads
 
   // The step's position and the new q/k/v rows in one round of loads, before
   // the block knows whether its split has keys.
-  const int32_t p = a.pos[0];
+  const int32_t p = a.pos[0] + t;
   const int lgD = __ffs(D) - 1;  // D is a power of two
   for (int i = threadIdx.x; i < kMaxG * D; i += kThreads)
-    q_s[i] = (i >> lgD) < Gz ? a.q[size_t(hq0) * D + i] : 0.f;
+    q_s[i] = (i >> lgD) < Gz ? q_t[size_t(hq0) * D + i] : 0.f;
   for (int d = threadIdx.x; d < D; d += kThreads) {
-    k_s[d] = a.k[size_t(h) * D + d];
-    v_s[d] = rounded<S>(a.v[size_t(h) * D + d]);
+    k_s[d] = k_t[size_t(h) * D + d];
+    v_s[d] = rounded<S>(v_t[size_t(h) * D + d]);
   }
   const SplitRange r = split_range(a, p, split, splits);
   const int32_t c0 = r.c0, c1 = r.c1, n_active = r.n_active;
@@ -491,7 +501,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   if (a.prologue())
     head_prologue(q_s, kMaxG + 1, kMaxG, D, a.q_norm ? qn_s : nullptr, a.k_norm ? kn_s : nullptr, a.norm_eps,
                   a.norm_plus_one, a.inv_freq ? if_s : nullptr, p);
-  if (split == 0 && zg == 0) store_row(a, h, p, k_s, v_s);
+  if (!kMulti && split == 0 && zg == 0) store_row(a, h, p, k_s, v_s);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
@@ -612,20 +622,20 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
     const int g = i / D, d = i % D;
     float O = 0.f;
     for (int k = 0; k < nKG; ++k) O += red[(k * kMaxG + g) * D + d];
-    const int hq = hq0 + g;
+    const int hq = hq0 + g, row = part_t + hq;
     if (single) {
-      a.out[size_t(hq) * D + d] = O / l_run[g];
+      out_t[size_t(hq) * D + d] = O / l_run[g];
     } else {
-      a.part_o[(size_t(hq) * a.ws_splits + split) * D + d] = O;
+      a.part_o[(size_t(row) * a.ws_splits + split) * D + d] = O;
       if (d == 0) {
-        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2] = m_run[g];
-        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2 + 1] = l_run[g];
+        a.part_ml[(size_t(row) * a.ws_splits + split) * 2] = m_run[g];
+        a.part_ml[(size_t(row) * a.ws_splits + split) * 2 + 1] = l_run[g];
       }
     }
   }
   if (single) return;
 
-  merge_splits<S, kMaxG>(a, h, zg, hq0, Gz, n_active, a.out);
+  merge_splits<S, kMaxG>(a, a.counters + t * pairs + h * a.zgroups + zg, hq0, part_t + hq0, Gz, n_active, out_t);
 }
 
 // k/v rows of the step's T tokens -> pool slots (rounded to the storage type).
@@ -695,16 +705,29 @@ AttnArgs<S> make_args(const AttentionParams& p) {
 // block's fixed latency (prologue, merge) for little work each (measured on
 // the H200, llama3.1-8b at 8K keys: 5.90 -> 5.35 ms/token with 512 blocks of
 // 256 keys instead of 1024 of 128).
+// Several queries (a.T <= kMaxDecodeQueries): the one-token grid once per
+// query, with the one-token kernel's split count (what makes each query's
+// sums those of a decode step), partials in rows t * Hq + hq.
 template <typename S, int kMaxG>
-void launch_decode(AttnArgs<S> a, int max_splits, Launch stream) {
+void launch_decode(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
   const int nKG = kThreads / (a.D / 8);
   const size_t smem =
       (size_t(kMaxG) * a.D + 4 * a.D + a.D / 2 + size_t(kMaxG) * kTile + size_t(nKG) * kMaxG * a.D) * sizeof(float);
   int per_sm = 0;
-  KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<S, kMaxG>, kThreads, smem));
+  KVGRAPH_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<S, kMaxG, false>, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
   const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
-  launch(decode_kernel<S, kMaxG>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, a);
+  if (a.T == 1) {
+    launch(decode_kernel<S, kMaxG, false>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, a);
+    return;
+  }
+  a.ws_splits = splits;  // rows of `splits` partials: T queries fit where one-token steps use max_splits
+  if (size_t(a.T) * a.Hq * splits * a.D > ws.partial_out_floats() || a.T * pairs > ws.counter_count())
+    fail_op("attention", "a step of " + std::to_string(a.T) + " queries needs more split-KV scratch than the "
+                         "workspace holds (" + std::to_string(a.Hq) + " heads of dim " + std::to_string(a.D) + ")");
+  launch(decode_kernel<S, kMaxG, true>, dim3(static_cast<unsigned>(a.T * pairs), splits), dim3(kThreads), smem, stream,
+         a);
 }
 
 // Fewest keys a decode split takes. Automatic (workspace min_chunk 0): about
@@ -744,9 +767,10 @@ AttentionWorkspace::AttentionWorkspace(int max_q_heads, int max_head_dim, int ma
   if (max_splits < 1 || max_splits > kMaxSplits)
     fail_op("attention", "max_splits must be in [1, " + std::to_string(kMaxSplits) + "]");
   if (min_chunk < 0) fail_op("attention", "min_chunk must be >= 0 (0: automatic)");
-  partial_out_ = DeviceBuffer(size_t(max_q_heads) * max_splits * max_head_dim * sizeof(float));
-  partial_ml_ = DeviceBuffer(size_t(max_q_heads) * max_splits * 2 * sizeof(float));
-  counters_ = DeviceBuffer(size_t(max_q_heads) * sizeof(unsigned));
+  partial_out_ = DeviceBuffer(partial_out_floats() * sizeof(float));
+  // (m, l) pairs and counters for kMaxDecodeQueries queries of max_q_heads heads.
+  partial_ml_ = DeviceBuffer(size_t(max_q_heads) * kMaxDecodeQueries * max_splits * 2 * sizeof(float));
+  counters_ = DeviceBuffer(size_t(counter_count()) * sizeof(unsigned));
   counters_.zero();
 }
 
@@ -774,17 +798,23 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
   validate(p);
   const int G = p.n_q_heads / p.n_kv_heads;
   const bool legacy = ws.tuning().legacy_decode_attention;
-  const int bucket = group_bucket(std::min(G, p.T == 1 && !legacy ? decode_heads(ws, p.rule) : 8));
+  // Steps of up to kMaxDecodeQueries tokens run each query as a decode step
+  // (bitwise: a speculative verify step's rows are decode steps'); longer
+  // ones (prefill chunks) go to attend_kernel.
+  const bool decode = !legacy && p.T <= kMaxDecodeQueries;
+  const int bucket = group_bucket(std::min(G, decode ? decode_heads(ws, p.rule) : 8));
   dispatch_storage(p.storage, "attention", [&](auto tag) {
     using S = decltype(tag);
     AttnArgs<S> a = make_args<S>(p);
     a.zgroups = (G + bucket - 1) / bucket;
     int splits = 1;
-    if (p.T == 1) {
+    if (p.T == 1 || decode) {
       if (p.n_q_heads > ws.max_q_heads() || p.head_dim > ws.max_head_dim())
         fail_op("attention", "workspace too small for " + std::to_string(p.n_q_heads) + " heads of dim " +
                                  std::to_string(p.head_dim));
-      a.fused_write = true;
+      if (p.T > 1)  // the step's rows first: query t reads rows pos .. pos + t - 1 from the pool
+        launch(write_kv_kernel<S>, dim3(static_cast<unsigned>(int64_t(p.T) * p.n_kv_heads)), dim3(64), 0, stream, a);
+      a.fused_write = p.T == 1;
       a.min_chunk = decode_min_chunk(ws, p.head_dim);
       // No more splits than the longest visible span can fill: the grid is
       // fixed when a step is recorded, and blocks past the span only exit.
@@ -799,12 +829,12 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
       a.fused_write = false;
       a.min_chunk = 1;
     }
-    if (p.T == 1 && !legacy) {
+    if (decode) {
       switch (bucket) {
-        case 1: launch_decode<S, 1>(a, splits, stream); break;
-        case 2: launch_decode<S, 2>(a, splits, stream); break;
-        case 4: launch_decode<S, 4>(a, splits, stream); break;
-        default: launch_decode<S, 8>(a, splits, stream); break;
+        case 1: launch_decode<S, 1>(a, splits, ws, stream); break;
+        case 2: launch_decode<S, 2>(a, splits, ws, stream); break;
+        case 4: launch_decode<S, 4>(a, splits, ws, stream); break;
+        default: launch_decode<S, 8>(a, splits, ws, stream); break;
       }
       return;
     }
