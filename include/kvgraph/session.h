@@ -37,7 +37,7 @@ namespace kvgraph {
 struct SessionOptions {
   int32_t capacity = 4096;   // longest sequence (prompt + generated tokens)
   int32_t max_write = 64;    // prefill chunk = largest step; ring pools hold window + max_write - 1
-  DType kv_storage = DType::F32;
+  KvStorage kv_storage = DType::F32;  // K and V formats (kv_format.h): f32, bf16, f16, int8, int4, fp8
   bool eager = false;        // decode without recording (debugging, parity)
   bool all_logits = false;   // keep logits of every prefill position (scoring)
   Tuning tuning;             // kernel launch choices (CUDA); results agree up to rounding

@@ -360,6 +360,8 @@ TEST(CliErrors, NumericFlagsOutOfRangeNameTheFlag) {
   expect_usage_error(run_cli(g + "--max-tokens 0"), "--max-tokens 0");
   expect_usage_error(run_cli(g + "--capacity -3"), "--capacity -3");
   expect_usage_error(run_cli(g + "--kv-dtype f8"), "--kv-dtype f8");
+  expect_usage_error(run_cli(g + "--v-dtype int3"), "--v-dtype int3: expected f32, bf16, f16, int8, int4 or fp8");
+  expect_usage_error(run_cli(g + "--kv-dtype int8 --kv-group 128"), "--kv-group 128: expected 32 or 64");
   expect_usage_error(run_cli("bench" + m + " --prompt -1"), "--prompt -1");
   expect_usage_error(run_cli("bench" + m + " --new-tokens 0"), "--new-tokens 0");
   expect_usage_error(run_cli("bench" + m + " --prompt 2000000000 --new-tokens 2000000000"), "--prompt 2000000000");
@@ -417,6 +419,11 @@ TEST(CliErrors, BadTokenIdsAndFlags) {
   expect_one_line_error(run_cli("generate" + m + " --prompt-ids 1,x,3"), "\"x\" is not a token id");
   expect_one_line_error(run_cli("generate" + m + " --prompt-ids 1,999"), "token id 999 out of range");
   expect_one_line_error(run_cli("generate" + m + " --prompt-ids 1 --kv-dtype f8"), "--kv-dtype f8");
+  // A KV format the model's head_dim (16) cannot take: refused before the weights load.
+  expect_one_line_error(run_cli("generate" + m + " --prompt-ids 1 --kv-dtype int4"),
+                        "--kv-dtype int4 g64 does not fit this model: group 64 does not divide head_dim 16");
+  expect_one_line_error(run_cli("inspect" + m + " --k-dtype int8 --kv-group 32"),
+                        "--k-dtype int8 g32 does not fit this model: group 32 does not divide head_dim 16");
   expect_one_line_error(run_cli("generate --model synthetic:nope --prompt-ids 1"), "unknown synthetic model");
   expect_one_line_error(run_cli("score" + m + " --ids /nonexistent/ids.txt"), "cannot open");
 }

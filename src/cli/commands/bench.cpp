@@ -27,7 +27,8 @@ struct BenchFlags {
   bool json = false;
 };
 
-// KV bytes a decode step at context length L reads, over all layers.
+// KV bytes a decode step at context length L reads, over all layers: the
+// rows as stored (quantized codes with their scales and biases).
 double kv_bytes_read(const SequenceCache& c, int32_t L) {
   double b = 0;
   for (int l = 0; l < c.n_layers(); ++l) {
@@ -111,6 +112,7 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   j["weights"] = model->quantization().quantized()
                      ? fmt::format("int{} g{}", model->quantization().bits, model->quantization().group)
                      : std::string(dtype_name(model->matrix_dtype()));
+  j["kv_dtype"] = kv_storage_name(so.kv_storage);
   j["weight_bytes"] = model->weight_bytes();
   j["weight_bytes_read_per_token"] = model->weight_bytes_read_per_token();
   j["kv_bytes_per_token_avg"] = kv_read / f.new_tokens;
@@ -152,6 +154,7 @@ void run_bench(const BenchFlags& f) {
     fmt::print("{:<28} {:>7} {:>10} {:>12} {:>10} {:>10} {:>10} {:>8} {:>10} {:>9}\n", "model", "device", "prefill",
                "decode ms", "p99 ms", "floor ms", "of floor", "GB/s", "queued ms", "of floor");
   }
+  const bool so_kv_default = f.m.kv_dtype.empty() && f.m.k_dtype.empty() && f.m.v_dtype.empty();
   for (const auto& name : models) {
     auto j = bench_one(f, name, bw);
     if (f.json) {
@@ -162,7 +165,8 @@ void run_bench(const BenchFlags& f) {
       };
       fmt::print("{:<28} {:>7} {:>6.0f} t/s {:>12.3f} {:>10.3f} {:>10.3f} {:>10} {:>8.0f} {:>10.3f} {:>9}\n",
                  (j["model"].get<std::string>().empty() ? "default" : j["model"].get<std::string>()) +
-                     (j["weights"].get<std::string>().rfind("int", 0) == 0 ? " " + j["weights"].get<std::string>() : ""),
+                     (j["weights"].get<std::string>().rfind("int", 0) == 0 ? " " + j["weights"].get<std::string>() : "") +
+                     (so_kv_default ? "" : " kv " + j["kv_dtype"].get<std::string>()),
                  j["device"].get<std::string>(), j["prefill_tok_s"].get<double>(), j["decode_ms_median"].get<double>(),
                  j["decode_ms_p99"].get<double>(), j["floor_ms"].get<double>(), pct("fraction_of_floor"), bw,
                  j["decode_ms_queued"].get<double>(), pct("fraction_of_floor_queued"));
