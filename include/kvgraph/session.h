@@ -129,6 +129,14 @@ class Session {
 
   void reset();
 
+  // For benchmarks of decode at long context: takes `ids` as the sequence
+  // held without running the model (an empty session only). Positions
+  // [0, ids.size()) keep whatever rows the pools hold (zeros in a fresh
+  // session) and the last id is the pending token, so decode() reads as many
+  // K/V bytes as after a real prefill, at none of its cost (minutes at 128K
+  // tokens); the tokens it produces mean nothing.
+  void assume_filled(std::span<const int32_t> ids);
+
   // ---- Lifecycle: rollback, fork, save/restore, prefix reuse ----
 
   // The ids in the cache, positions [0, position()).

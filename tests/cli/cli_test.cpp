@@ -468,6 +468,23 @@ TEST(Cli, ChatKeepsTheCacheBetweenTurns) {
   EXPECT_GT(slurp(out).size(), 10u);
 }
 
+// The quantized KV bytes are what bench counts in its floor, and each row
+// names its kv_dtype; --no-prefill decodes after positions taken as filled.
+TEST(Cli, BenchCountsQuantizedKvBytesAndNamesTheFormat) {
+  RunResult bf = run_cli("bench --prompt 32 --new-tokens 4 --json -q --kv-dtype bf16");
+  RunResult q4 = run_cli("bench --prompt 32 --new-tokens 4 --json -q --kv-dtype int4 --no-prefill");
+  ASSERT_EQ(bf.exit_code, 0) << bf.err;
+  ASSERT_EQ(q4.exit_code, 0) << q4.err;
+  auto a = nlohmann::json::parse(bf.out), b = nlohmann::json::parse(q4.out);
+  EXPECT_EQ(a["kv_dtype"], "bf16");
+  EXPECT_EQ(b["kv_dtype"], "int4 g64");
+  // The default model: head_dim 64, one group of 64: a K or V row is 32 + 4 bytes against 128.
+  EXPECT_NEAR(b["kv_bytes_per_token_avg"].get<double>() / a["kv_bytes_per_token_avg"].get<double>(), 36.0 / 128, 1e-12);
+  EXPECT_TRUE(b["prefill_tok_s"].is_null());
+  EXPECT_TRUE(b["context_filled_without_prefill"].get<bool>());
+  EXPECT_FALSE(a["prefill_tok_s"].is_null());
+}
+
 // On the CPU the embedded model sits in the last-level cache: a DRAM floor
 // would print more than 100% "of floor", so bench says n/a (null in JSON)
 // exactly when the bytes a step reads fit in that cache.

@@ -25,6 +25,7 @@ struct BenchFlags {
   int prompt = 512;
   int new_tokens = 256;
   bool json = false;
+  bool no_prefill = false;  // decode after --prompt positions taken as filled (Session::assume_filled)
 };
 
 // KV bytes a decode step at context length L reads, over all layers: the
@@ -73,8 +74,12 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   s.reset();
 
   auto t0 = std::chrono::steady_clock::now();
-  s.prefill(ids);
-  s.sample();
+  if (f.no_prefill) {
+    s.assume_filled(ids);
+  } else {
+    s.prefill(ids);
+    s.sample();
+  }
   const double prefill_s = seconds_since(t0);
   std::vector<double> ms;
   std::vector<int32_t> tokens;
@@ -88,8 +93,12 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   // The same tokens again with every step queued back to back (decode_many):
   // the difference to the per-token time is the host round trip per token.
   s.reset();
-  s.prefill(ids);
-  s.sample();
+  if (f.no_prefill) {
+    s.assume_filled(ids);
+  } else {
+    s.prefill(ids);
+    s.sample();
+  }
   auto tq = std::chrono::steady_clock::now();
   const std::vector<int32_t> queued = s.decode_many(f.new_tokens);
   const double queued_ms = seconds_since(tq) * 1e3 / f.new_tokens;
@@ -117,7 +126,8 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   j["weight_bytes_read_per_token"] = model->weight_bytes_read_per_token();
   j["kv_bytes_per_token_avg"] = kv_read / f.new_tokens;
   j["copy_bandwidth_gbs"] = bw_gbs;
-  j["prefill_tok_s"] = f.prompt / prefill_s;
+  j["prefill_tok_s"] = f.no_prefill ? nlohmann::json() : nlohmann::json(f.prompt / prefill_s);
+  j["context_filled_without_prefill"] = f.no_prefill;
   j["decode_ms_median"] = median;
   j["decode_ms_p99"] = p99;
   j["decode_ms_mean"] = mean;
@@ -167,7 +177,8 @@ void run_bench(const BenchFlags& f) {
                  (j["model"].get<std::string>().empty() ? "default" : j["model"].get<std::string>()) +
                      (j["weights"].get<std::string>().rfind("int", 0) == 0 ? " " + j["weights"].get<std::string>() : "") +
                      (so_kv_default ? "" : " kv " + j["kv_dtype"].get<std::string>()),
-                 j["device"].get<std::string>(), j["prefill_tok_s"].get<double>(), j["decode_ms_median"].get<double>(),
+                 j["device"].get<std::string>(), j["prefill_tok_s"].is_null() ? 0.0 : j["prefill_tok_s"].get<double>(),
+                 j["decode_ms_median"].get<double>(),
                  j["decode_ms_p99"].get<double>(), j["floor_ms"].get<double>(), pct("fraction_of_floor"), bw,
                  j["decode_ms_queued"].get<double>(), pct("fraction_of_floor_queued"));
       if (j.contains("floor_note")) fmt::print("  of floor n/a: {}\n", j["floor_note"].get<std::string>());
@@ -190,6 +201,9 @@ void add_bench(CLI::App& app) {
   c->add_option("--prompt", f->prompt, "Prompt tokens")->capture_default_str();
   c->add_option("--new-tokens", f->new_tokens, "Decoded tokens")->capture_default_str();
   c->add_flag("--json", f->json, "One JSON object per model");
+  c->add_flag("--no-prefill", f->no_prefill,
+              "Take the --prompt positions as filled (zero K/V rows) instead of prefilling them: decode speed at "
+              "long context without minutes of prefill; no prefill figure");
   c->callback([f] { run_bench(*f); });
 }
 
