@@ -39,7 +39,7 @@ class Proposer;  // kvgraph/speculative.h
 struct SessionOptions {
   int32_t capacity = 4096;   // longest sequence (prompt + generated tokens)
   int32_t max_write = 64;    // prefill chunk = largest step; ring pools hold window + max_write - 1
-  DType kv_storage = DType::F32;
+  KvStorage kv_storage = DType::F32;  // K and V formats (kv_format.h): f32, bf16, f16, int8, int4, fp8
   bool eager = false;        // decode without recording (debugging, parity)
   bool all_logits = false;   // keep logits of every prefill position (scoring)
   Tuning tuning;             // kernel launch choices (CUDA); results agree up to rounding
@@ -150,6 +150,14 @@ class Session {
                           const GenerateOptions& options, const TokenFn& on_token = {});
 
   void reset();
+
+  // For benchmarks of decode at long context: takes `ids` as the sequence
+  // held without running the model (an empty session only). Positions
+  // [0, ids.size()) keep whatever rows the pools hold (zeros in a fresh
+  // session) and the last id is the pending token, so decode() reads as many
+  // K/V bytes as after a real prefill, at none of its cost (minutes at 128K
+  // tokens); the tokens it produces mean nothing.
+  void assume_filled(std::span<const int32_t> ids);
 
   // ---- Lifecycle: rollback, fork, save/restore, prefix reuse ----
 

@@ -585,6 +585,22 @@ void Session::set_step_state(int32_t position, std::optional<int32_t> pending) {
   upload_seen();
 }
 
+void Session::assume_filled(std::span<const int32_t> ids) {
+  if (stream_.recording()) fail("session", "assume_filled() while a step is being recorded");
+  if (cache_.length() != 0) fail("session", "assume_filled() needs an empty session (reset() first)");
+  if (ids.empty()) fail("session", "assume_filled() needs at least one id");
+  const int32_t V = model_->config().vocab_size;
+  for (int32_t id : ids)
+    if (id < 0 || id >= V) fail("session", "token id {} out of range [0, {})", id, V);
+  cache_.reserve(static_cast<int64_t>(ids.size()));
+  stream_.synchronize();
+  const int32_t n = static_cast<int32_t>(ids.size());
+  cache_.set_extent(n, n);
+  tokens_.assign(ids.begin(), ids.end());
+  have_logits_ = false;
+  set_step_state(n, ids.back());
+}
+
 void Session::set_pending(int32_t id) {
   const int32_t V = model_->config().vocab_size;
   if (id < 0 || id >= V) fail("session", "token id {} out of range [0, {})", id, V);

@@ -26,9 +26,11 @@ struct BenchFlags {
   int new_tokens = 256;
   int verify_tokens = 0;  // T of a speculative verify step to time beside decode (0: none)
   bool json = false;
+  bool no_prefill = false;  // decode after --prompt positions taken as filled (Session::assume_filled)
 };
 
-// KV bytes a decode step at context length L reads, over all layers.
+// KV bytes a decode step at context length L reads, over all layers: the
+// rows as stored (quantized codes with their scales and biases).
 double kv_bytes_read(const SequenceCache& c, int32_t L) {
   double b = 0;
   for (int l = 0; l < c.n_layers(); ++l) {
@@ -73,8 +75,12 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   s.reset();
 
   auto t0 = std::chrono::steady_clock::now();
-  s.prefill(ids);
-  s.sample();
+  if (f.no_prefill) {
+    s.assume_filled(ids);
+  } else {
+    s.prefill(ids);
+    s.sample();
+  }
   const double prefill_s = seconds_since(t0);
   std::vector<double> ms;
   std::vector<int32_t> tokens;
@@ -88,8 +94,12 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   // The same tokens again with every step queued back to back (decode_many):
   // the difference to the per-token time is the host round trip per token.
   s.reset();
-  s.prefill(ids);
-  s.sample();
+  if (f.no_prefill) {
+    s.assume_filled(ids);
+  } else {
+    s.prefill(ids);
+    s.sample();
+  }
   auto tq = std::chrono::steady_clock::now();
   const std::vector<int32_t> queued = s.decode_many(f.new_tokens);
   const double queued_ms = seconds_since(tq) * 1e3 / f.new_tokens;
@@ -144,11 +154,13 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   j["weights"] = model->quantization().quantized()
                      ? fmt::format("int{} g{}", model->quantization().bits, model->quantization().group)
                      : std::string(dtype_name(model->matrix_dtype()));
+  j["kv_dtype"] = kv_storage_name(so.kv_storage);
   j["weight_bytes"] = model->weight_bytes();
   j["weight_bytes_read_per_token"] = model->weight_bytes_read_per_token();
   j["kv_bytes_per_token_avg"] = kv_read / f.new_tokens;
   j["copy_bandwidth_gbs"] = bw_gbs;
-  j["prefill_tok_s"] = f.prompt / prefill_s;
+  j["prefill_tok_s"] = f.no_prefill ? nlohmann::json() : nlohmann::json(f.prompt / prefill_s);
+  j["context_filled_without_prefill"] = f.no_prefill;
   j["decode_ms_median"] = median;
   j["decode_ms_p99"] = p99;
   j["decode_ms_mean"] = mean;
@@ -198,6 +210,7 @@ void run_bench(const BenchFlags& f) {
     fmt::print("{:<28} {:>7} {:>10} {:>12} {:>10} {:>10} {:>10} {:>8} {:>10} {:>9}\n", "model", "device", "prefill",
                "decode ms", "p99 ms", "floor ms", "of floor", "GB/s", "queued ms", "of floor");
   }
+  const bool so_kv_default = f.m.kv_dtype.empty() && f.m.k_dtype.empty() && f.m.v_dtype.empty();
   for (const auto& name : models) {
     auto j = bench_one(f, name, bw);
     if (f.json) {
@@ -208,8 +221,10 @@ void run_bench(const BenchFlags& f) {
       };
       fmt::print("{:<28} {:>7} {:>6.0f} t/s {:>12.3f} {:>10.3f} {:>10.3f} {:>10} {:>8.0f} {:>10.3f} {:>9}\n",
                  (j["model"].get<std::string>().empty() ? "default" : j["model"].get<std::string>()) +
-                     (j["weights"].get<std::string>().rfind("int", 0) == 0 ? " " + j["weights"].get<std::string>() : ""),
-                 j["device"].get<std::string>(), j["prefill_tok_s"].get<double>(), j["decode_ms_median"].get<double>(),
+                     (j["weights"].get<std::string>().rfind("int", 0) == 0 ? " " + j["weights"].get<std::string>() : "") +
+                     (so_kv_default ? "" : " kv " + j["kv_dtype"].get<std::string>()),
+                 j["device"].get<std::string>(), j["prefill_tok_s"].is_null() ? 0.0 : j["prefill_tok_s"].get<double>(),
+                 j["decode_ms_median"].get<double>(),
                  j["decode_ms_p99"].get<double>(), j["floor_ms"].get<double>(), pct("fraction_of_floor"), bw,
                  j["decode_ms_queued"].get<double>(), pct("fraction_of_floor_queued"));
       if (j.contains("floor_note")) fmt::print("  of floor n/a: {}\n", j["floor_note"].get<std::string>());
@@ -240,6 +255,9 @@ void add_bench(CLI::App& app) {
                 "Also time a speculative verify step of T tokens (2-8; 5 = 4 proposals) against a decode step")
       ->type_name("T");
   c->add_flag("--json", f->json, "One JSON object per model");
+  c->add_flag("--no-prefill", f->no_prefill,
+              "Take the --prompt positions as filled (zero K/V rows) instead of prefilling them: decode speed at "
+              "long context without minutes of prefill; no prefill figure");
   c->callback([f] { run_bench(*f); });
 }
 
