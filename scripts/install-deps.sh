@@ -9,7 +9,7 @@ set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 PKGS=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
-      libpcre2-dev libgtest-dev libgmock-dev librapidcheck-dev)
+      libpcre2-dev libgtest-dev libgmock-dev librapidcheck-dev libcpp-httplib-dev)
 for arg in "$@"; do
   case "$arg" in
     --fuzz) PKGS+=(clang libclang-rt-dev) ;;
@@ -20,6 +20,11 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm run the server's client test (tests/server/client: the
+# `openai` package against `kvgraph serve`). Checked as commands, not
+# packages: a Node.js from elsewhere (nodesource bundles npm) is as good.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "[install-deps] installing: ${missing[*]}"
   $SUDO apt-get update -qq
