@@ -43,242 +43,173 @@ ojson bytes_of(const std::string& s) {
   return b;
 }
 
-// Streams and whole responses share everything but the framing: this class
-// turns generated pieces into OpenAI objects and either writes them as
-// chunks (stream) or keeps them for the one response.
-class Responder {
- public:
-  Responder(const ServedModel& m, const Job& job, Session& s, const WriteFn& write, std::atomic<bool>& cancel)
-      : m_(m), job_(job), req_(job.req), s_(s), write_(write), cancel_(cancel) {
-    if (req_.parse_tool_calls) parser_.emplace();
+}  // namespace
+
+ReplyWriter::ReplyWriter(const CompletionRequest& req, std::string id, int64_t created, std::string model,
+                         WriteFn write)
+    : req_(req), id_(std::move(id)), created_(created), model_(std::move(model)), write_(std::move(write)) {
+  if (req_.parse_tool_calls) parser_.emplace();
+}
+
+void ReplyWriter::begin() {
+  if (req_.stream && req_.chat) send(chunk({{"role", "assistant"}, {"content", ""}}, std::nullopt));
+}
+
+void ReplyWriter::token(std::string_view text, ojson logprob) {
+  wrote_ = false;
+  if (req_.logprobs && !logprob.is_null()) {
+    logprobs_.push_back(logprob);
+    pending_logprobs_.push_back(std::move(logprob));
   }
+  piece(text);
+  // A token that showed nothing still probes the connection (an SSE
+  // comment, which clients skip), so a client that left is noticed at once.
+  if (req_.stream && !wrote_) write(": \n\n");
+}
 
-  Outcome run() {
-    const int32_t P = static_cast<int32_t>(job_.prompt.size());
-    ops::SamplingParams sp;
-    sp.temperature = req_.temperature;
-    sp.top_k = req_.top_k;
-    sp.top_p = req_.top_p;
-    sp.repetition_penalty = req_.repeat_penalty;
-    sp.seed = job_.seed;
-    s_.sampling() = sp;
-    s_.set_banned_tokens({});  // generate() bans the end tokens again only when this request ignores them
+void ReplyWriter::tail(std::string_view text) { piece(text); }
 
-    GenerateOptions go;
-    const int64_t room = static_cast<int64_t>(job_.ctx) - P;  // >= 1 (prepare_job)
-    go.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(req_.max_tokens.value_or(room), 1, job_.ctx));
-    go.stop = req_.stop;
-    go.ignore_eos = req_.ignore_eos;
-    if (req_.chat) go.extra_eos = m_.end_of_turn;
-    go.cancel = &cancel_;
-    go.reuse_prefix = true;
+void ReplyWriter::piece(std::string_view text) {
+  if (parser_)
+    handle(parser_->feed(text));
+  else if (!text.empty())
+    handle({ToolEvent{.is_call = false, .content = std::string(text), .call = {}}});
+}
 
-    if (req_.stream && req_.chat) {
-      ojson delta = {{"role", "assistant"}, {"content", ""}};
-      send(chunk(std::move(delta), nullptr));
+std::string ReplyWriter::end(std::string finish, const ojson& usage, const ojson& timings) {
+  if (parser_) handle(parser_->finish());
+  if (n_calls_ > 0) finish = "tool_calls";
+  if (req_.stream) {
+    ojson last = chunk(ojson::object(), finish);
+    last["timings"] = timings;
+    send(std::move(last));
+    if (req_.include_usage) {
+      ojson u = base(req_.chat ? "chat.completion.chunk" : "text_completion");
+      u["choices"] = ojson::array();
+      u["usage"] = usage;
+      send(std::move(u));
     }
-    const auto t_start = std::chrono::steady_clock::now();
-    GenerateResult r = s_.generate(job_.prompt, &m_.tokenizer, go,
-                                   [this](int32_t id, std::string_view text) { on_token(id, text); });
-    if (parser_) handle(parser_->finish());
+    write("data: [DONE]\n\n");
+    return "";
+  }
+  ojson resp = base(req_.chat ? "chat.completion" : "text_completion");
+  ojson choice = {{"index", 0}};
+  if (req_.chat) {
+    ojson msg = {{"role", "assistant"}, {"content", content_.empty() && !calls_.empty() ? ojson() : ojson(content_)}};
+    if (!calls_.empty()) msg["tool_calls"] = calls_;
+    choice["message"] = std::move(msg);
+    choice["logprobs"] = req_.logprobs ? ojson{{"content", logprobs_}} : ojson();
+  } else {
+    choice["text"] = content_;
+    choice["logprobs"] = req_.logprobs ? legacy_logprobs(logprobs_) : ojson();
+  }
+  choice["finish_reason"] = finish;
+  resp["choices"] = ojson::array({std::move(choice)});
+  resp["usage"] = usage;
+  resp["timings"] = timings;
+  return dump(resp);
+}
 
-    Outcome out;
-    CompletionStats& st = out.stats;
-    st.prompt_tokens = P;
-    st.cached_tokens = r.reused;
-    st.generated = static_cast<int64_t>(r.tokens.size());
-    st.queue_seconds = seconds(t_start - job_.received);
-    st.prefill_seconds = r.prefill_seconds;
-    st.decode_seconds = r.decode_seconds;
-    st.ttft_seconds = first_token_ ? seconds(*first_token_ - job_.received) : -1;
-    st.cancelled = r.finish == FinishReason::cancelled;
+void ReplyWriter::fail(const std::string& message, const std::string& type, const std::string& code) {
+  write(sse_error(message, type, code) + "data: [DONE]\n\n");
+}
 
-    std::string finish = r.finish == FinishReason::eos || r.finish == FinishReason::stop ? "stop" : "length";
-    if (n_calls_ > 0) finish = "tool_calls";
-    if (st.cancelled) {
-      // A client that went away reads nothing more; a stream cut by shutdown
-      // says so.
-      if (req_.stream && !gone_)
-        write(sse_error("the server is shutting down", "unavailable_error", "shutting_down") + "data: [DONE]\n\n");
-      if (!req_.stream) throw ApiError(503, "unavailable_error", "shutting_down", "the server is shutting down");
-      return out;
-    }
-    const ojson usage = usage_of(r, P);
-    const ojson timings = timings_of(r, P);
-    if (req_.stream) {
-      ojson last = chunk(ojson::object(), finish);
-      last["timings"] = timings;
-      send(std::move(last));
-      if (req_.include_usage) {
-        ojson u = base(req_.chat ? "chat.completion.chunk" : "text_completion");
-        u["choices"] = ojson::array();
-        u["usage"] = usage;
-        send(std::move(u));
+ojson ReplyWriter::base(const char* object) const {
+  return {{"id", id_}, {"object", object}, {"created", created_}, {"model", model_}};
+}
+
+ojson ReplyWriter::chunk(ojson delta, std::optional<std::string> finish) {
+  ojson j = base(req_.chat ? "chat.completion.chunk" : "text_completion");
+  ojson c = {{"index", 0}};
+  if (req_.chat)
+    c["delta"] = std::move(delta);
+  else
+    c["text"] = delta.value("content", "");
+  ojson lp;
+  if (req_.logprobs && !pending_logprobs_.empty()) {
+    lp = req_.chat ? ojson{{"content", pending_logprobs_}} : legacy_logprobs(pending_logprobs_);
+    pending_logprobs_ = ojson::array();
+  }
+  c["logprobs"] = std::move(lp);
+  c["finish_reason"] = finish ? ojson(*finish) : ojson();
+  j["choices"] = ojson::array({std::move(c)});
+  return j;
+}
+
+void ReplyWriter::send(const ojson& j) { write("data: " + dump(j) + "\n\n"); }
+
+void ReplyWriter::write(const std::string& bytes) {
+  if (gone_ || !write_) return;
+  wrote_ = true;
+  if (!write_(bytes)) gone_ = true;
+}
+
+void ReplyWriter::handle(std::vector<ToolEvent> events) {
+  for (auto& e : events) {
+    if (e.is_call) {
+      ojson call = {{"id", "call_" + random_hex(24)},
+                    {"type", "function"},
+                    {"function", {{"name", e.call.name}, {"arguments", e.call.arguments}}}};
+      if (req_.stream) {
+        // One delta per call, whole: index, id, type, name and arguments.
+        ojson streamed = {{"index", n_calls_}};
+        for (auto& [k, v] : call.items()) streamed[k] = v;
+        send(chunk({{"tool_calls", ojson::array({std::move(streamed)})}}, std::nullopt));
       }
-      write("data: [DONE]\n\n");
-      return out;
-    }
-    ojson resp = base(req_.chat ? "chat.completion" : "text_completion");
-    ojson choice = {{"index", 0}};
-    if (req_.chat) {
-      ojson msg = {{"role", "assistant"}, {"content", content_.empty() && !calls_.empty() ? ojson() : ojson(content_)}};
-      if (!calls_.empty()) msg["tool_calls"] = calls_;
-      choice["message"] = std::move(msg);
-      choice["logprobs"] = req_.logprobs ? ojson{{"content", logprobs_}} : ojson();
+      calls_.push_back(std::move(call));
+      ++n_calls_;
     } else {
-      choice["text"] = content_;
-      choice["logprobs"] = req_.logprobs ? legacy_logprobs(logprobs_) : ojson();
-    }
-    choice["finish_reason"] = finish;
-    resp["choices"] = ojson::array({std::move(choice)});
-    resp["usage"] = usage;
-    resp["timings"] = timings;
-    out.body = dump(resp);
-    return out;
-  }
-
- private:
-  ojson base(const char* object) const {
-    return {{"id", job_.id}, {"object", object}, {"created", job_.created}, {"model", m_.id}};
-  }
-
-  // A stream chunk: chat chunks carry a delta, completion chunks text.
-  ojson chunk(ojson delta, std::optional<std::string> finish) {
-    ojson j = base(req_.chat ? "chat.completion.chunk" : "text_completion");
-    ojson c = {{"index", 0}};
-    if (req_.chat)
-      c["delta"] = std::move(delta);
-    else
-      c["text"] = delta.value("content", "");
-    ojson lp;
-    if (req_.logprobs && !pending_logprobs_.empty()) {
-      lp = req_.chat ? ojson{{"content", pending_logprobs_}} : legacy_logprobs(pending_logprobs_);
-      pending_logprobs_ = ojson::array();
-    }
-    c["logprobs"] = std::move(lp);
-    c["finish_reason"] = finish ? ojson(*finish) : ojson();
-    j["choices"] = ojson::array({std::move(c)});
-    return j;
-  }
-  ojson chunk(ojson delta, std::nullptr_t) { return chunk(std::move(delta), std::optional<std::string>()); }
-
-  void send(ojson j) { write("data: " + dump(j) + "\n\n"); }
-
-  void write(const std::string& bytes) {
-    if (gone_) return;
-    wrote_ = true;
-    if (!write_(bytes)) {
-      gone_ = true;
-      cancel_.store(true, std::memory_order_relaxed);  // generate() ends after this token
+      content_ += e.content;
+      if (req_.stream) send(chunk({{"content", e.content}}, std::nullopt));
     }
   }
+}
 
-  void on_token(int32_t id, std::string_view text) {
-    wrote_ = false;
-    if (id >= 0) {
-      if (!first_token_) first_token_ = std::chrono::steady_clock::now();
-      if (req_.logprobs) add_logprob(id);
-    }
-    if (parser_)
-      handle(parser_->feed(text));
-    else if (!text.empty())
-      handle({ToolEvent{.is_call = false, .content = std::string(text), .call = {}}});
-    // A token that showed nothing still probes the connection (an SSE
-    // comment, which clients skip), so a client that left is noticed at once.
-    if (req_.stream && id >= 0 && !wrote_) write(": \n\n");
+ojson ReplyWriter::legacy_logprobs(const ojson& entries) {
+  ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offsets = ojson::array();
+  for (const auto& e : entries) {
+    tokens.push_back(e["token"]);
+    lps.push_back(e["logprob"]);
+    ojson top = ojson::object();
+    for (const auto& t : e["top_logprobs"]) top[t["token"].get<std::string>()] = t["logprob"];
+    tops.push_back(std::move(top));
+    offsets.push_back(text_offset_);
+    text_offset_ += static_cast<int64_t>(e["token"].get<std::string>().size());
   }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
 
-  void handle(std::vector<ToolEvent> events) {
-    for (auto& e : events) {
-      if (e.is_call) {
-        ojson call = {{"id", "call_" + random_hex(24)},
-                      {"type", "function"},
-                      {"function", {{"name", e.call.name}, {"arguments", e.call.arguments}}}};
-        if (req_.stream) {
-          ojson streamed = call;
-          streamed["index"] = n_calls_;
-          send(chunk({{"tool_calls", ojson::array({std::move(streamed)})}}, nullptr));
-        }
-        calls_.push_back(std::move(call));
-        ++n_calls_;
-      } else {
-        content_ += e.content;
-        if (req_.stream) send(chunk({{"content", e.content}}, nullptr));
-      }
-    }
-  }
+namespace {
 
-  ojson entry(int32_t id, float lp) const {
-    const std::string t = m_.tokenizer.decode(std::span<const int32_t>(&id, 1), false);
-    return {{"token", t}, {"logprob", lp}, {"bytes", bytes_of(t)}};
-  }
+ojson logprob_entry(const Tokenizer& tok, int32_t id, float lp) {
+  const std::string t = tok.decode(std::span<const int32_t>(&id, 1), false);
+  return {{"token", t}, {"logprob", lp}, {"bytes", bytes_of(t)}};
+}
 
-  void add_logprob(int32_t id) {
-    const std::vector<float> logits = s_.last_logits();  // the distribution `id` was sampled from
-    const TokenLogprob t = token_logprob(logits, id, req_.top_logprobs);
-    ojson e = entry(id, t.logprob);
-    ojson top = ojson::array();
-    for (const auto& [tid, lp] : t.top) top.push_back(entry(tid, lp));
-    e["top_logprobs"] = std::move(top);
-    logprobs_.push_back(e);
-    pending_logprobs_.push_back(std::move(e));
-  }
+ojson usage_of(const GenerateResult& r, int32_t P) {
+  const int64_t n = static_cast<int64_t>(r.tokens.size());
+  return {{"prompt_tokens", P},
+          {"completion_tokens", n},
+          {"total_tokens", P + n},
+          {"prompt_tokens_details", {{"cached_tokens", r.reused}}}};
+}
 
-  // The legacy completions shape: parallel arrays.
-  ojson legacy_logprobs(const ojson& entries) {
-    ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offsets = ojson::array();
-    for (const auto& e : entries) {
-      tokens.push_back(e["token"]);
-      lps.push_back(e["logprob"]);
-      ojson top = ojson::object();
-      for (const auto& t : e["top_logprobs"]) top[t["token"].get<std::string>()] = t["logprob"];
-      tops.push_back(std::move(top));
-      offsets.push_back(text_offset_);
-      text_offset_ += static_cast<int64_t>(e["token"].get<std::string>().size());
-    }
-    return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
-  }
-
-  ojson usage_of(const GenerateResult& r, int32_t P) const {
-    const int64_t n = static_cast<int64_t>(r.tokens.size());
-    return {{"prompt_tokens", P},
-            {"completion_tokens", n},
-            {"total_tokens", P + n},
-            {"prompt_tokens_details", {{"cached_tokens", r.reused}}}};
-  }
-
-  // As llama-server's: prompt = the prefilled part (cached tokens are not
-  // computed again) and the first sample; predicted = the tokens after the
-  // first, per second of decoding (the first comes out of the prompt step),
-  // which is what `kvgraph bench` reports as decode speed.
-  ojson timings_of(const GenerateResult& r, int32_t P) const {
-    const int64_t prompt_n = P - r.reused;
-    const int64_t n = static_cast<int64_t>(r.tokens.size());
-    const double pms = r.prefill_seconds * 1e3, dms = r.decode_seconds * 1e3;
-    return {{"cache_n", r.reused},
-            {"prompt_n", prompt_n},
-            {"prompt_ms", pms},
-            {"prompt_per_second", pms > 0 ? prompt_n * 1e3 / pms : 0.0},
-            {"predicted_n", n},
-            {"predicted_ms", dms},
-            {"predicted_per_second", n > 1 && dms > 0 ? (n - 1) * 1e3 / dms : 0.0}};
-  }
-
-  const ServedModel& m_;
-  const Job& job_;
-  const CompletionRequest& req_;
-  Session& s_;
-  const WriteFn& write_;
-  std::atomic<bool>& cancel_;
-  std::optional<ToolCallParser> parser_;
-  std::optional<std::chrono::steady_clock::time_point> first_token_;
-  bool gone_ = false, wrote_ = false;
-  std::string content_;
-  ojson calls_ = ojson::array();
-  int n_calls_ = 0;
-  ojson logprobs_ = ojson::array(), pending_logprobs_ = ojson::array();
-  int64_t text_offset_ = 0;
-};
+// As llama-server's: prompt = the prefilled part (cached tokens are not
+// computed again) and the first sample; predicted = the tokens after the
+// first, per second of decoding (the first comes out of the prompt step),
+// which is what `kvgraph bench` reports as decode speed.
+ojson timings_of(const GenerateResult& r, int32_t P) {
+  const int64_t prompt_n = P - r.reused;
+  const int64_t n = static_cast<int64_t>(r.tokens.size());
+  const double pms = r.prefill_seconds * 1e3, dms = r.decode_seconds * 1e3;
+  return {{"cache_n", r.reused},
+          {"prompt_n", prompt_n},
+          {"prompt_ms", pms},
+          {"prompt_per_second", pms > 0 ? prompt_n * 1e3 / pms : 0.0},
+          {"predicted_n", n},
+          {"predicted_ms", dms},
+          {"predicted_per_second", n > 1 && dms > 0 ? (n - 1) * 1e3 / dms : 0.0}};
+}
 
 }  // namespace
 
@@ -336,7 +267,66 @@ Job prepare_job(const ServedModel& m, CompletionRequest req, int32_t ctx) {
 }
 
 Outcome run_job(const ServedModel& m, const Job& job, Session& s, const WriteFn& write, std::atomic<bool>& cancel) {
-  return Responder(m, job, s, write, cancel).run();
+  const CompletionRequest& req = job.req;
+  const int32_t P = static_cast<int32_t>(job.prompt.size());
+  ops::SamplingParams sp;
+  sp.temperature = req.temperature;
+  sp.top_k = req.top_k;
+  sp.top_p = req.top_p;
+  sp.repetition_penalty = req.repeat_penalty;
+  sp.seed = job.seed;
+  s.sampling() = sp;
+  s.set_banned_tokens({});  // generate() bans the end tokens again only when this request ignores them
+
+  GenerateOptions go;
+  const int64_t room = static_cast<int64_t>(job.ctx) - P;  // >= 1 (prepare_job)
+  go.max_tokens = static_cast<int32_t>(std::clamp<int64_t>(req.max_tokens.value_or(room), 1, job.ctx));
+  go.stop = req.stop;
+  go.ignore_eos = req.ignore_eos;
+  if (req.chat) go.extra_eos = m.end_of_turn;
+  go.cancel = &cancel;
+  go.reuse_prefix = true;
+
+  ReplyWriter out(req, job.id, job.created, m.id, req.stream ? write : WriteFn());
+  out.begin();
+  std::optional<std::chrono::steady_clock::time_point> first_token;
+  const auto t_start = std::chrono::steady_clock::now();
+  GenerateResult r = s.generate(job.prompt, &m.tokenizer, go, [&](int32_t id, std::string_view text) {
+    if (id < 0) return out.tail(text);
+    if (!first_token) first_token = std::chrono::steady_clock::now();
+    ojson lp;
+    if (req.logprobs) {
+      // The distribution `id` was sampled from is the session's last logits.
+      const TokenLogprob t = token_logprob(s.last_logits(), id, req.top_logprobs);
+      lp = logprob_entry(m.tokenizer, id, t.logprob);
+      ojson top = ojson::array();
+      for (const auto& [tid, l] : t.top) top.push_back(logprob_entry(m.tokenizer, tid, l));
+      lp["top_logprobs"] = std::move(top);
+    }
+    out.token(text, std::move(lp));
+    if (out.client_gone()) cancel.store(true, std::memory_order_relaxed);  // generate() ends after this token
+  });
+
+  Outcome o;
+  CompletionStats& st = o.stats;
+  st.prompt_tokens = P;
+  st.cached_tokens = r.reused;
+  st.generated = static_cast<int64_t>(r.tokens.size());
+  st.queue_seconds = seconds(t_start - job.received);
+  st.prefill_seconds = r.prefill_seconds;
+  st.decode_seconds = r.decode_seconds;
+  st.ttft_seconds = first_token ? seconds(*first_token - job.received) : -1;
+  st.cancelled = r.finish == FinishReason::cancelled;
+  if (st.cancelled) {
+    // A client that went away reads nothing more; a stream cut by shutdown
+    // says so, and an unstreamed request gets 503.
+    if (!req.stream) throw ApiError(503, "unavailable_error", "shutting_down", "the server is shutting down");
+    if (!out.client_gone()) out.fail("the server is shutting down", "unavailable_error", "shutting_down");
+    return o;
+  }
+  const std::string finish = r.finish == FinishReason::eos || r.finish == FinishReason::stop ? "stop" : "length";
+  o.body = out.end(finish, usage_of(r, P), timings_of(r, P));
+  return o;
 }
 
 std::string sse_error(const std::string& message, const std::string& type, const std::string& code) {

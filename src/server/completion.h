@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "kvgraph/tokenizer.h"
 #include "server/metrics.h"
 #include "server/request.h"
+#include "server/tool_calls.h"
 
 namespace kvgraph::server {
 
@@ -60,6 +62,55 @@ Job prepare_job(const ServedModel& m, CompletionRequest req, int32_t ctx);
 
 // Writes bytes of a stream to the client; false once the client is gone.
 using WriteFn = std::function<bool(std::string_view)>;
+
+// Turns a completion's generated text into OpenAI objects: stream chunks
+// written through WriteFn as they become final, or the one response body.
+// Tool calls (chat requests with tools) are parsed out of the text here.
+// Session-free, so the shapes can be checked with any text.
+class ReplyWriter {
+ public:
+  // `write` is used for streams only (may be empty otherwise).
+  ReplyWriter(const CompletionRequest& req, std::string id, int64_t created, std::string model, WriteFn write);
+  // Stream: the first chunk (chat: the assistant role, empty content).
+  void begin();
+  // One generated token: the text that became final with it (often "") and,
+  // when logprobs were asked for, its entry {"token", "logprob", "bytes",
+  // "top_logprobs"}. A token that shows nothing still writes an SSE comment,
+  // so a client that left is noticed at that token.
+  void token(std::string_view text, ojson logprob);
+  // Text released after the last token (bytes generation held back).
+  void tail(std::string_view text);
+  // The end. Stream: the last chunk (finish_reason, timings), the usage
+  // chunk (stream_options.include_usage), [DONE]; returns "". Otherwise
+  // returns the response body. `finish` ("stop" or "length") becomes
+  // "tool_calls" when a call was parsed.
+  std::string end(std::string finish, const ojson& usage, const ojson& timings);
+  // A stream cut short: an error event, then [DONE].
+  void fail(const std::string& message, const std::string& type, const std::string& code);
+  bool client_gone() const { return gone_; }
+
+ private:
+  ojson base(const char* object) const;
+  ojson chunk(ojson delta, std::optional<std::string> finish);
+  void send(const ojson& j);
+  void write(const std::string& bytes);
+  void piece(std::string_view text);
+  void handle(std::vector<ToolEvent> events);
+  ojson legacy_logprobs(const ojson& entries);  // /v1/completions' parallel arrays
+
+  const CompletionRequest& req_;
+  std::string id_;
+  int64_t created_;
+  std::string model_;
+  WriteFn write_;
+  std::optional<ToolCallParser> parser_;
+  bool gone_ = false, wrote_ = false;
+  std::string content_;
+  ojson calls_ = ojson::array();
+  int n_calls_ = 0;
+  ojson logprobs_ = ojson::array(), pending_logprobs_ = ojson::array();
+  int64_t text_offset_ = 0;
+};
 
 struct Outcome {
   std::string body;  // the JSON response; empty for a stream (written through WriteFn)
