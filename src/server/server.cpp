@@ -157,6 +157,10 @@ int Server::start() {
   http_->new_task_queue = [workers] { return new httplib::ThreadPool(workers); };
   http_->set_payload_max_length(opt_.max_body_bytes);
   http_->set_keep_alive_max_count(1000);
+  // An idle keep-alive connection holds a worker until this timeout, and
+  // stop() waits for the workers: 2 s bounds the shutdown (clients read the
+  // "Keep-Alive: timeout=2" header and reconnect).
+  http_->set_keep_alive_timeout(2);
   http_->set_write_timeout(30, 0);  // a client that reads nothing for 30 s is gone
   port_ = opt_.port == 0 ? http_->bind_to_any_port(opt_.host) : (http_->bind_to_port(opt_.host, opt_.port) ? opt_.port : -1);
   if (port_ <= 0)
