@@ -7,6 +7,8 @@
 //       each generating exactly --max-tokens tokens (ignore_eos); prints
 //       failed requests, time to first token (streamed), latency, decode
 //       tokens/s per streamed request and the aggregate rate.
+//   kvgraph_server_load --port P --health
+//       waits until GET /health answers 200.
 //   kvgraph_server_load --port P --single --requests 5 --prompt-tokens 512 --max-tokens 256
 //       one streamed text completion at a time on a prompt of random token
 //       ids, as `kvgraph bench --prompt 512 --new-tokens 256` runs it: the
@@ -40,6 +42,7 @@ struct Options {
   int max_tokens = 64;
   int prompt_tokens = 512;  // --single
   bool single = false;
+  bool health = false;  // only wait until GET /health answers 200 (at most 10 minutes)
   std::string api_key;
 };
 
@@ -179,7 +182,7 @@ double mean(const std::vector<double>& v) {
 int usage(const char* msg) {
   std::fprintf(stderr,
                "kvgraph: error: [server_load] %s\nusage: kvgraph_server_load --port P [--host H] [--requests N] "
-               "[--concurrency C] [--max-tokens T] [--single --prompt-tokens P] [--api-key KEY]\n",
+               "[--concurrency C] [--max-tokens T] [--single --prompt-tokens P] [--api-key KEY] [--health]\n",
                msg);
   return 2;
 }
@@ -202,6 +205,7 @@ int main(int argc, char** argv) {
       else if (a == "--max-tokens") o.max_tokens = std::stoi(next());
       else if (a == "--prompt-tokens") o.prompt_tokens = std::stoi(next());
       else if (a == "--single") o.single = true;
+      else if (a == "--health") o.health = true;
       else if (a == "--api-key") o.api_key = next();
       else return usage(("unknown option " + a).c_str());
     } catch (const std::exception& e) {
@@ -211,6 +215,16 @@ int main(int argc, char** argv) {
   if (o.requests < 1 || o.concurrency < 1 || o.max_tokens < 1 || o.prompt_tokens < 1 || o.port <= 0)
     return usage("--requests, --concurrency, --max-tokens, --prompt-tokens and --port must be >= 1");
   if (o.single) o.concurrency = 1;
+  if (o.health) {
+    httplib::Client cli(o.host, o.port);
+    for (int i = 0; i < 3000; ++i) {
+      auto r = cli.Get("/health");
+      if (r && r->status == 200) return 0;
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    std::fprintf(stderr, "kvgraph: error: [server_load] %s:%d never became healthy\n", o.host.c_str(), o.port);
+    return 1;
+  }
 
   // --single: random ids below min(vocabulary, 32000), as kvgraph bench
   // draws them (the rate does not depend on them).

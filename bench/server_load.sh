@@ -46,10 +46,7 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 [ -n "$port" ] || { echo "kvgraph: error: [server_load] the server printed no address" >&2; exit 1; }
-until curl -sf "http://127.0.0.1:$port/health" >/dev/null; do
-  kill -0 $pid 2>/dev/null || { cat "$log" >&2; exit 1; }
-  sleep 0.2
-done
+"$load" --port "$port" --health || { cat "$log" >&2; exit 1; }
 rss_kb() { awk '/^VmRSS:/ {print $2}' /proc/$pid/status; }
 
 "$load" --port "$port" --requests 32 --concurrency "$CONCURRENCY" --max-tokens "$MAX_TOKENS" >/dev/null  # warm-up

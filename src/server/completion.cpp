@@ -266,7 +266,10 @@ Job prepare_job(const ServedModel& m, CompletionRequest req, int32_t ctx) {
   return job;
 }
 
-Outcome run_job(const ServedModel& m, const Job& job, Session& s, const WriteFn& write, std::atomic<bool>& cancel) {
+Outcome run_job(const ServedModel& m, const Job& job, Session& s, const WriteFn& write, std::atomic<bool>& cancel,
+                TurnLock* turns) {
+  std::unique_lock<TurnLock> turn;
+  if (turns) turn = std::unique_lock<TurnLock>(*turns);
   const CompletionRequest& req = job.req;
   const int32_t P = static_cast<int32_t>(job.prompt.size());
   ops::SamplingParams sp;
@@ -303,9 +306,12 @@ Outcome run_job(const ServedModel& m, const Job& job, Session& s, const WriteFn&
       for (const auto& [tid, l] : t.top) top.push_back(logprob_entry(m.tokenizer, tid, l));
       lp["top_logprobs"] = std::move(top);
     }
+    if (turn) turn.unlock();  // another slot may step while this token goes out
     out.token(text, std::move(lp));
+    if (turn) turn.lock();
     if (out.client_gone()) cancel.store(true, std::memory_order_relaxed);  // generate() ends after this token
   });
+  if (turn) turn.unlock();
 
   Outcome o;
   CompletionStats& st = o.stats;

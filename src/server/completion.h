@@ -19,6 +19,7 @@
 #include "kvgraph/tokenizer.h"
 #include "server/metrics.h"
 #include "server/request.h"
+#include "server/slots.h"
 #include "server/tool_calls.h"
 
 namespace kvgraph::server {
@@ -123,7 +124,10 @@ struct Outcome {
 // failed write (within one token: `cancel` is set and generation polls it
 // after each token); `cancel` set from outside (shutdown) ends it too. Errors
 // of the session propagate: the caller resets the slot.
-Outcome run_job(const ServedModel& m, const Job& job, Session& s, const WriteFn& write, std::atomic<bool>& cancel);
+// `turns` (CUDA; see TurnLock): held while the session works, given up while
+// each token is written.
+Outcome run_job(const ServedModel& m, const Job& job, Session& s, const WriteFn& write, std::atomic<bool>& cancel,
+                TurnLock* turns = nullptr);
 
 // The SSE frame of an error object, for a stream that fails after it began.
 std::string sse_error(const std::string& message, const std::string& type, const std::string& code);

@@ -49,7 +49,8 @@ struct Server::Engine {
   explicit Engine(ServedModel m) : model(std::move(m)) {}
   ServedModel model;
   int32_t ctx = 0;
-  std::unique_ptr<SlotPool> pool;
+  std::unique_ptr<TurnLock> turns;  // CUDA (or take_turns): slots step one at a time
+  std::unique_ptr<SlotPool> pool;   // after turns: its sessions may take a turn to reset
   int64_t created = 0;
 };
 
@@ -129,7 +130,8 @@ void Server::load_model() {
     SessionOptions so = opt_.session;
     so.capacity = e->ctx;
     for (int i = 0; i < opt_.parallel; ++i) sessions.push_back(std::make_unique<Session>(e->model.model, so));
-    e->pool = std::make_unique<SlotPool>(std::move(sessions), opt_.queue);
+    if (opt_.take_turns || e->model.model->device() == Device::CUDA) e->turns = std::make_unique<TurnLock>();
+    e->pool = std::make_unique<SlotPool>(std::move(sessions), opt_.queue, e->turns.get());
     e->created = static_cast<int64_t>(std::time(nullptr));
     std::lock_guard lk(mu_);
     if (stopping_) e->pool->shutdown();
@@ -166,7 +168,10 @@ int Server::start() {
   if (port_ <= 0)
     fail("server", "cannot listen on {}:{} (address in use, or not an address of this machine)", opt_.host,
          opt_.port);
-  listen_thread_ = std::thread([this] { http_->listen_after_bind(); });
+  listen_thread_ = std::thread([this] {
+    http_->listen_after_bind();
+    listening_done_ = true;
+  });
   load_thread_ = std::thread([this] { load_model(); });
   return port_;
 }
@@ -181,6 +186,10 @@ void Server::stop() {
     e = engine_;
   }
   if (e) e->pool->shutdown();
+  // httplib's stop() does nothing before listen_after_bind has started:
+  // wait for it to run (or to have failed) first.
+  while (listen_thread_.joinable() && !http_->is_running() && !listening_done_)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   if (http_) http_->stop();
   if (listen_thread_.joinable()) listen_thread_.join();
   if (load_thread_.joinable()) load_thread_.join();
@@ -226,7 +235,7 @@ void Server::routes() {
       {
         ActiveCompletion active(mu_, active_, stopping_, &cancel);
         try {
-          o = run_job(eng->model, *job, lease->session(), {}, cancel);
+          o = run_job(eng->model, *job, lease->session(), {}, cancel, eng->turns.get());
         } catch (const ApiError&) {
           throw;  // shutdown: the session is consistent
         } catch (...) {
@@ -257,7 +266,7 @@ void Server::routes() {
       WriteFn write = [&sink](std::string_view b) { return sink.write(b.data(), b.size()); };
       auto active = std::make_unique<ActiveCompletion>(mu_, active_, stopping_, &st->cancel);
       try {
-        Outcome o = run_job(st->eng->model, *st->job, st->lease->session(), write, st->cancel);
+        Outcome o = run_job(st->eng->model, *st->job, st->lease->session(), write, st->cancel, st->eng->turns.get());
         metrics_.completion(o.stats);
       } catch (const std::exception& e) {
         if (!dynamic_cast<const ApiError*>(&e)) st->lease->poison();

@@ -46,6 +46,7 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;   // larger bodies: 413
   SlotPool::Limits queue;             // waiting for a slot: how many, how long (then 503)
   SessionOptions session;             // chunk, kv storage, eager, tuning (capacity = ctx)
+  bool take_turns = false;            // slots step one at a time (TurnLock); always on for CUDA models
 };
 
 using LoadFn = std::function<ServedModel()>;
@@ -89,6 +90,7 @@ class Server {
   std::unique_ptr<httplib::Server> http_;
   std::thread listen_thread_, load_thread_;
   std::atomic<State> state_{State::loading};
+  std::atomic<bool> listening_done_{false};
   mutable std::mutex mu_;  // engine_, load_error_, active_
   std::condition_variable loaded_cv_;
   std::shared_ptr<Engine> engine_;

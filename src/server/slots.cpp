@@ -13,7 +13,8 @@ size_t common_prefix(std::span<const int32_t> a, std::span<const int32_t> b) {
   return i;
 }
 
-SlotPool::SlotPool(std::vector<std::unique_ptr<Session>> sessions, Limits limits) : limits_(limits) {
+SlotPool::SlotPool(std::vector<std::unique_ptr<Session>> sessions, Limits limits, TurnLock* turns)
+    : limits_(limits), turns_(turns) {
   if (sessions.empty()) fail("server", "a slot pool needs at least one session");
   for (auto& s : sessions) slots_.push_back({std::move(s), false, 0});
 }
@@ -69,6 +70,8 @@ void SlotPool::release(int slot, bool poisoned) {
     // reset that throws too leaves the slot out of service rather than
     // reusing a cache nobody can vouch for.
     try {
+      std::unique_lock<TurnLock> turn;
+      if (turns_) turn = std::unique_lock<TurnLock>(*turns_);
       s.session->reset();
     } catch (...) {
       return;
@@ -78,6 +81,20 @@ void SlotPool::release(int slot, bool poisoned) {
   s.busy = false;
   s.last_used = ++clock_;
   --n_busy_;
+  cv_.notify_all();
+}
+
+void TurnLock::lock() {
+  std::unique_lock lk(mu_);
+  const uint64_t ticket = next_++;
+  cv_.wait(lk, [&] { return serving_ == ticket; });
+}
+
+void TurnLock::unlock() {
+  {
+    std::lock_guard lk(mu_);
+    ++serving_;
+  }
   cv_.notify_all();
 }
 

@@ -23,13 +23,33 @@
 
 namespace kvgraph::server {
 
+// Slots that take turns, one step at a time, first come first served (a
+// ticket lock). For CUDA: each slot's session has its own stream, but the
+// CUDA runtime is not safe to drive from several threads the way kvgraph
+// does (a slot recording its decode graph while another uploads step state
+// through the legacy stream breaks the capture), so on a GPU a request holds
+// the turn for its prefill and for each decode step, and gives it up while
+// it writes each token to its client. The GPU runs one step at a time, as it
+// would anyway for batch-1 decode; slots still keep their own caches.
+class TurnLock {
+ public:
+  void lock();
+  void unlock();
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t next_ = 0, serving_ = 0;
+};
+
 class SlotPool {
  public:
   struct Limits {
     int max_waiting = 64;  // requests that may wait for a slot (0: none wait)
     std::chrono::milliseconds max_wait{60'000};
   };
-  SlotPool(std::vector<std::unique_ptr<Session>> sessions, Limits limits);
+  // `turns` (CUDA): taken to reset a poisoned slot's session.
+  SlotPool(std::vector<std::unique_ptr<Session>> sessions, Limits limits, TurnLock* turns = nullptr);
 
   // A slot held by one request; released (and the next waiter woken) when
   // the lease is destroyed. A lease marked `poisoned` (its request failed
@@ -71,6 +91,7 @@ class SlotPool {
   void release(int slot, bool poisoned);
 
   Limits limits_;
+  TurnLock* turns_;
   std::vector<Slot> slots_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
