@@ -1,4 +1,6 @@
 // Request bodies -> CompletionRequest, and the 400s for everything else.
+#include <random>
+
 #include <gtest/gtest.h>
 
 #include "server/api_error.h"
@@ -155,4 +157,70 @@ TEST(ServerRequest, BodiesThatAreNotJSONObjects) {
   EXPECT_EQ(code_of([] { parse_body("\"text\""); }), "invalid_json");
   EXPECT_EQ(code_of([] { parse_body(std::string(100000, '[')); }), "invalid_json");  // depth, not a stack overflow
   EXPECT_EQ(parse_body("{\"a\": 1}")["a"], 1);
+}
+
+// Whatever a client sends is parsed or refused with an ApiError, never
+// another exception: every known field set to values of every JSON type,
+// and random damage to a valid body.
+TEST(ServerRequest, AnyValueOfAnyFieldIsParsedOrA400) {
+  const ojson weird[] = {nullptr, true, false, 0, -1, 1, 2, 21, 1.5, -0.0, 1e308, -1e308,
+                         ojson(uint64_t(18446744073709551615ull)), ojson(int64_t(INT64_MIN)), "", "x", "none",
+                         ojson::array(), ojson::array({1, 2}), ojson::array({"a"}), ojson::array({ojson::array()}),
+                         ojson::object(), ojson({{"type", "text"}}), ojson({{"include_usage", 3}})};
+  const char* fields[] = {"model", "messages", "tools", "tool_choice", "prompt", "max_tokens", "max_completion_tokens",
+                          "temperature", "top_p", "top_k", "repeat_penalty", "seed", "stop", "ignore_eos", "stream",
+                          "stream_options", "logprobs", "top_logprobs", "n", "best_of", "presence_penalty",
+                          "frequency_penalty", "logit_bias", "response_format", "echo", "suffix"};
+  const ojson base = {{"messages", kUser}, {"prompt", "hi"}};
+  int refused = 0, parsed = 0;
+  for (const char* f : fields)
+    for (const ojson& v : weird) {
+      ojson b = base;
+      b[f] = v;
+      for (bool chat : {true, false}) {
+        try {
+          chat ? parse_chat_request(b) : parse_completion_request(b);
+          ++parsed;
+        } catch (const ApiError& e) {
+          EXPECT_EQ(e.status(), 400);
+          ++refused;
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << f << " = " << v.dump() << " (chat " << chat << "): " << e.what();
+        }
+      }
+    }
+  EXPECT_GT(refused, 100);
+  EXPECT_GT(parsed, 100);
+}
+
+TEST(ServerRequest, DamagedBodiesAreA400NeverACrash) {
+  const std::string valid = ojson({{"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+                                   {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
+                                   {"stop", {"a"}},
+                                   {"max_tokens", 5},
+                                   {"stream_options", {{"include_usage", true}}}})
+                                .dump();
+  std::mt19937 rng(7);
+  const std::string alphabet = "{}[]\":,0123456789-.eE truefalsnul\\x";
+  for (int i = 0; i < 3000; ++i) {
+    std::string s = valid;
+    for (int k = 0, n = 1 + rng() % 4; k < n && !s.empty(); ++k) {
+      const size_t at = rng() % s.size();
+      switch (rng() % 3) {
+        case 0: s[at] = alphabet[rng() % alphabet.size()]; break;
+        case 1: s.erase(at, 1 + rng() % 8); break;
+        default: s.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+      }
+    }
+    for (bool chat : {true, false}) {
+      try {
+        const ojson b = parse_body(s);
+        chat ? parse_chat_request(b) : parse_completion_request(b);
+      } catch (const ApiError& e) {
+        EXPECT_EQ(e.status(), 400);
+      } catch (const std::exception& e) {
+        ADD_FAILURE() << s << ": " << e.what();
+      }
+    }
+  }
 }
