@@ -352,6 +352,15 @@ void Server::routes() {
            res.set_content(dump({{"prompt", render_chat(e->model, messages, tools, gen)}}), kJson);
          }));
 
+  // Browser front-ends: any origin may call (as llama-server allows); the
+  // preflight needs no API key.
+  h.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+  h.Options(R"(/.*)", [](const httplib::Request&, httplib::Response& res) {
+    res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+    res.status = 204;
+  });
+
   // Statuses httplib sets itself (404 no route, 413 body too large, 400 a
   // malformed request line) get the same error body as ours.
   h.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {

@@ -362,6 +362,18 @@ TEST(Server, APIKeyIsRequiredExceptForHealth) {
   EXPECT_EQ(ts.get("/health").status, 200);
 }
 
+TEST(Server, BrowsersMayCallFromAnyOrigin) {
+  TestServer ts({.api_key = "k"});
+  auto c = ts.client();
+  auto pre = c->Options("/v1/chat/completions");
+  ASSERT_TRUE(pre);
+  EXPECT_EQ(pre->status, 204);  // the preflight carries no key
+  EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "*");
+  EXPECT_NE(pre->get_header_value("Access-Control-Allow-Headers").find("Authorization"), std::string::npos);
+  Reply r = ts.get("/v1/models", "k");
+  EXPECT_EQ(r.headers.find("Access-Control-Allow-Origin")->second, "*");
+}
+
 TEST(Server, TokenizeDetokenizeAndApplyTemplate) {
   TestServer ts;
   auto m = load_default();
