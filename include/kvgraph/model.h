@@ -63,11 +63,38 @@ struct ModelInfo {
   size_t checkpoint_bytes = 0;      // checkpoint bytes those weights are read from (0: synthetic)
   QuantFormat quantization;         // as Model::quantization()
   bool quantized_checkpoint = false;  // stored quantized (else quantized on load, or not at all)
+  // Every Model tensor as it will sit on the device, in schema order.
+  struct Tensor {
+    std::string name;            // its checkpoint tensor ("a + b" when parts are fused)
+    std::vector<int64_t> shape;  // of the Model tensor
+    std::string format;          // "f32", "bf16", "int4/g64"
+    size_t bytes = 0;            // on the device (quantized: codes, scales and biases)
+  };
+  std::vector<Tensor> tensors;
 };
 
 // Ring{window, max_write} for sliding layers, Flat{capacity} for the rest; a
 // window that reaches the capacity becomes flat (same semantics).
 CacheConfig cache_config(const ModelConfig& c, Device device, int32_t capacity, int32_t max_write, DType storage);
+
+// `kvgraph quantize`: the float checkpoint in `dir` written to `out` in MLX's
+// layout (kvgraph/quant.h), quantized to `format` exactly as Model::load(dir,
+// ..., quantize = format) quantizes on load (the same matrices, the same
+// codes; scales and biases in bf16 for a bf16 tensor, else f32), so loading
+// `out` builds the same model. Every other tensor is copied as stored, and
+// every other file of `dir` (tokenizer, generation config, chat template);
+// config.json gains "quantization" and "quantization_config". `out` must not
+// exist or be an empty directory; it is written under `out`.partial and
+// renamed when complete, so a failure leaves nothing behind. Throws
+// [quantize] for an already quantized checkpoint or an unsupported format.
+struct QuantizeSummary {
+  int quantized = 0;      // matrices written quantized
+  int copied = 0;         // tensors copied as stored
+  size_t bytes_in = 0;    // safetensors bytes read
+  size_t bytes_out = 0;   // safetensors bytes written
+};
+QuantizeSummary quantize_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
+                                    QuantFormat format, const ProgressFn& progress = {});
 
 class Model {
  public:

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -119,5 +120,26 @@ std::optional<int64_t> first_non_finite(const WeightView& view);
 // Element-wise conversion to f32 (F32, BF16, F16, I32, I64, U8).
 std::vector<float> to_f32(const WeightView& view);
 void to_f32(const WeightView& view, float* out);  // out: view.numel() floats
+
+// The name safetensors gives `dtype` ("F32", "BF16", "U32", ...).
+std::string_view safetensors_dtype_name(DType dtype);
+
+// One tensor of a file being written: its bytes are produced by `fill`, called
+// once, in file order, with a buffer of numel * dtype_size bytes.
+struct TensorToWrite {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::function<void(std::byte* out)> fill;
+};
+
+// Writes a .safetensors file: the header (tensors in the order given, the
+// string `metadata` as "__metadata__"), then each tensor's bytes, one tensor
+// in memory at a time. The file appears complete or not at all (written to
+// a temporary file next to `path`, then renamed); `progress` is told the
+// bytes written. Throws [safetensors] on a write error.
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::function<void(size_t done, size_t total)>& progress = {});
 
 }  // namespace kvgraph

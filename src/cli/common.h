@@ -110,6 +110,7 @@ void add_perplexity(CLI::App& app);
 void add_inspect(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_cache_prompt(CLI::App& app);
+void add_quantize(CLI::App& app);
 void add_serve(CLI::App& app);
 
 }  // namespace kvgraph::cli

@@ -278,4 +278,39 @@ size_t planned_bytes(const std::vector<TensorPlan>& plans, DType matrix_dtype, c
   return bytes;
 }
 
+std::vector<ModelInfo::Tensor> planned_tensors(const std::vector<TensorPlan>& plans, DType matrix_dtype,
+                                               const std::vector<QuantFormat>& formats) {
+  std::vector<ModelInfo::Tensor> out;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const TensorPlan& p = plans[i];
+    const QuantFormat f = i < formats.size() ? formats[i] : QuantFormat{};
+    ModelInfo::Tensor t;
+    t.name = p.parts.front().name;
+    if (p.parts.size() > 1) {  // fused: "prefix{a,b,c}suffix"
+      size_t pre = t.name.size(), suf = t.name.size();
+      for (const TensorPlan::Part& part : p.parts) {
+        const std::string& n = part.name;
+        size_t i = 0, j = 0;
+        while (i < pre && i < n.size() && n[i] == t.name[i]) ++i;
+        while (j < suf && j < n.size() && n[n.size() - 1 - j] == t.name[t.name.size() - 1 - j]) ++j;
+        pre = i;
+        suf = j;
+      }
+      std::string mid;
+      for (const TensorPlan::Part& part : p.parts) {
+        const std::string& n = part.name;
+        const size_t s0 = std::min(pre, n.size()), len = n.size() >= pre + suf ? n.size() - pre - suf : 0;
+        if (!mid.empty()) mid += ',';
+        mid += n.substr(s0, len);
+      }
+      t.name = t.name.substr(0, pre) + "{" + mid + "}" + t.name.substr(t.name.size() - std::min(suf, t.name.size() - pre));
+    }
+    t.shape = p.shape();
+    t.format = p.role == Role::norm ? std::string(dtype_name(DType::F32)) : format_name(f, matrix_dtype);
+    t.bytes = planned_bytes({p}, matrix_dtype, {f});
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 }  // namespace kvgraph

@@ -186,5 +186,8 @@ size_t planned_bytes(const std::vector<TensorPlan>& plans, DType matrix_dtype);
 // The same when matrix plan i is quantized as formats[i] says (bits 0: plain;
 // scales and biases in matrix_dtype).
 size_t planned_bytes(const std::vector<TensorPlan>& plans, DType matrix_dtype, const std::vector<QuantFormat>& formats);
+// ModelInfo::tensors of those plans (names, shapes, formats, bytes).
+std::vector<ModelInfo::Tensor> planned_tensors(const std::vector<TensorPlan>& plans, DType matrix_dtype,
+                                               const std::vector<QuantFormat>& formats);
 
 }  // namespace kvgraph

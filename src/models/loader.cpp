@@ -3,6 +3,7 @@
 // before the first weight is read.
 
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -12,6 +13,8 @@
 #include "kvgraph/quant.h"
 #include "kvgraph/safetensors.h"
 #include "models/family.h"
+
+#include <nlohmann/json.hpp>
 
 namespace kvgraph {
 
@@ -341,6 +344,7 @@ ModelInfo Model::describe(const std::filesystem::path& dir, Device device, CpuWe
   const LoadPlan lp = plan_load(store, info.config, device, cpu_weights, quantize);
   info.matrix_dtype = lp.matrix_dtype;
   info.weight_bytes = planned_bytes(lp.plans, lp.matrix_dtype, lp.formats());
+  info.tensors = planned_tensors(lp.plans, lp.matrix_dtype, lp.formats());
   info.quantization = lp.quantization;
   info.quantized_checkpoint = lp.stored_quantized;
   info.checkpoint_bytes = lp.stored_bytes;
@@ -369,6 +373,119 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
   m->layers_ = std::move(w.layers);
   m->upload_rope();
   return m;
+}
+
+QuantizeSummary quantize_checkpoint(const std::filesystem::path& dir, const std::filesystem::path& out,
+                                    QuantFormat format, const ProgressFn& progress) {
+  namespace fs = std::filesystem;
+  check_model_dir(dir);
+  if (!supported(format))
+    fail("quantize", "cannot quantize to {} bits in groups of {} (supported: 4 or 8 bits, groups of 32, 64 or 128)",
+         format.bits, format.group);
+  const ModelConfig c = load_model_config(dir);
+  if (c.quantization.quantized())
+    fail("quantize", "{} is already quantized (int{}, group {}); quantize the float checkpoint it was made from",
+         dir.string(), c.quantization.bits, c.quantization.group);
+  std::error_code ec;
+  if (fs::exists(out, ec) && !(fs::is_directory(out, ec) && fs::is_empty(out, ec)))
+    fail("quantize", "{} already exists and is not an empty directory (choose another output)", out.string());
+  if (fs::equivalent(dir, out, ec)) fail("quantize", "the output is the input directory {}", dir.string());
+
+  WeightStore store(dir);
+  const LoadPlan lp = plan_load(store, c, Device::CPU, Model::CpuWeights::automatic, format);  // all checks of load
+  std::set<std::string> quantize;
+  for (size_t i = 0; i < lp.plans.size(); ++i)
+    if (lp.loads[i].format.quantized())
+      for (const TensorPlan::Part& p : lp.plans[i].parts) quantize.insert(p.name);
+
+  QuantizeSummary sum;
+  std::vector<TensorToWrite> tensors;
+  for (const std::string& name : store.names()) {
+    const WeightView v = store.get(name);  // throws for a dtype kvgraph cannot carry
+    sum.bytes_in += v.nbytes;
+    if (!quantize.count(name)) {
+      ++sum.copied;
+      tensors.push_back({name, v.dtype, v.shape, [&store, name](std::byte* o) {
+                           const WeightView w = store.get(name);
+                           std::memcpy(o, w.data, w.nbytes);
+                         }});
+      continue;
+    }
+    ++sum.quantized;
+    const int64_t N = v.shape[0], K = v.shape[1];
+    const DType sd = v.dtype == DType::BF16 ? DType::BF16 : DType::F32;
+    // The codes' fill computes scales and biases too; their fills (next in
+    // the file) write them in the storage type and free them.
+    struct Groups {
+      std::vector<float> scales, biases;
+    };
+    auto g = std::make_shared<Groups>();
+    tensors.push_back({name, DType::U32, {N, K * format.bits / 32}, [&store, name, N, K, format, g](std::byte* o) {
+                         const std::vector<float> w = to_f32(store.get(name));
+                         g->scales.resize(static_cast<size_t>(N * (K / format.group)));
+                         g->biases.resize(g->scales.size());
+                         affine_quantize(w.data(), N, K, format.bits, format.group, reinterpret_cast<uint32_t*>(o),
+                                         g->scales.data(), g->biases.data());
+                       }});
+    for (const char* what : {"scales", "biases"}) {
+      const bool scales = std::string_view(what) == "scales";
+      tensors.push_back({companion(name, what), sd, {N, K / format.group}, [g, sd, scales](std::byte* o) {
+                           std::vector<float>& v = scales ? g->scales : g->biases;
+                           if (sd == DType::F32) {
+                             std::memcpy(o, v.data(), v.size() * sizeof(float));
+                           } else {
+                             for (size_t i = 0; i < v.size(); ++i) {
+                               const uint16_t h = f32_to_bf16(v[i]);
+                               std::memcpy(o + 2 * i, &h, 2);
+                             }
+                           }
+                           std::vector<float>().swap(v);
+                         }});
+    }
+  }
+
+  const fs::path tmp = out.string() + ".partial";
+  struct RemoveUnlessDone {
+    const fs::path& p;
+    bool done = false;
+    ~RemoveUnlessDone() {
+      std::error_code e;
+      if (!done) fs::remove_all(p, e);
+    }
+  } guard{tmp};
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec) || ec)
+    fail("quantize", "cannot create {}: {}", tmp.string(), ec ? ec.message() : "it exists");
+  write_safetensors(tmp / "model.safetensors", tensors, {{"format", "mlx"}}, [&](size_t done, size_t) {
+    if (progress) progress(done, sum.bytes_in);
+  });
+  sum.bytes_out = fs::file_size(tmp / "model.safetensors");
+
+  nlohmann::ordered_json config;
+  {
+    std::ifstream in(dir / "config.json");
+    config = nlohmann::ordered_json::parse(in);  // parsed once already by load_model_config
+  }
+  config["quantization"] = {{"group_size", format.group}, {"bits", format.bits}};
+  config["quantization_config"] = config["quantization"];
+  {
+    std::ofstream o(tmp / "config.json");
+    o << config.dump(2) << '\n';
+    if (!o) fail("quantize", "writing {} failed", (tmp / "config.json").string());
+  }
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const std::string fname = e.path().filename().string();
+    if (!e.is_regular_file() || fname == "config.json" || fname == "model.safetensors.index.json" ||
+        e.path().extension() == ".safetensors")
+      continue;
+    fs::copy_file(e.path(), tmp / fname, ec);
+    if (ec) fail("quantize", "cannot copy {} to {}: {}", e.path().string(), tmp.string(), ec.message());
+  }
+  if (fs::exists(out, ec)) fs::remove(out, ec);  // an empty directory (checked above)
+  fs::rename(tmp, out, ec);
+  if (ec) fail("quantize", "cannot rename {} to {}: {}", tmp.string(), out.string(), ec.message());
+  guard.done = true;
+  return sum;
 }
 
 }  // namespace kvgraph

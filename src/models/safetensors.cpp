@@ -495,4 +495,84 @@ std::vector<float> to_f32(const WeightView& view) {
   return out;
 }
 
+std::string_view safetensors_dtype_name(DType dtype) {
+  for (const DTypeInfo& d : kDTypes)
+    if (d.dtype == dtype) return d.name;
+  fail("safetensors", "no safetensors name for dtype {}", dtype_name(dtype));
+}
+
+void write_safetensors(const std::filesystem::path& path, const std::vector<TensorToWrite>& tensors,
+                       const std::map<std::string, std::string>& metadata,
+                       const std::function<void(size_t, size_t)>& progress) {
+  namespace fs = std::filesystem;
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> seen;
+  size_t offset = 0;
+  std::vector<size_t> sizes;
+  for (const TensorToWrite& t : tensors) {
+    if (t.name.empty() || t.name == "__metadata__" || !seen.insert(t.name).second)
+      fail("safetensors", "{}: cannot write a tensor named \"{}\" (empty, reserved or written twice)", path.string(),
+           t.name);
+    size_t n = dtype_size(t.dtype);
+    for (int64_t d : t.shape) {
+      if (d < 0) fail("safetensors", "{}: tensor \"{}\" has a negative dim", path.string(), t.name);
+      n *= static_cast<size_t>(d);
+    }
+    header[t.name] = {{"dtype", safetensors_dtype_name(t.dtype)}, {"shape", t.shape}, {"data_offsets", {offset, offset + n}}};
+    sizes.push_back(n);
+    offset += n;
+  }
+  // The header keeps the order given (json::object sorts its keys: build the text by hand).
+  std::string text = "{";
+  bool first = true;
+  auto add = [&](const std::string& key, const json& value) {
+    if (!first) text += ',';
+    text += json(key).dump();
+    text += ':';
+    text += value.dump();
+    first = false;
+  };
+  if (!metadata.empty()) add("__metadata__", header["__metadata__"]);
+  for (const TensorToWrite& t : tensors) add(t.name, header[t.name]);
+  text += "}";
+  while (text.size() % 8) text += ' ';  // the data section starts 8-byte aligned
+
+  const fs::path tmp = path.string() + ".tmp";
+  struct RemoveUnlessDone {  // a failed write (or a throwing fill) leaves no file behind
+    const fs::path& p;
+    bool done = false;
+    ~RemoveUnlessDone() {
+      std::error_code ec;
+      if (!done) fs::remove(p, ec);
+    }
+  } guard{tmp};
+  std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+  if (!out) fail("safetensors", "cannot write {}: {}", tmp.string(), std::strerror(errno));
+  auto write = [&](const void* data, size_t n) {
+    out.write(static_cast<const char*>(data), static_cast<std::streamsize>(n));
+    if (!out) fail("safetensors", "writing {} failed: {}", tmp.string(), std::strerror(errno));
+  };
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
+  write(len, 8);
+  write(text.data(), text.size());
+  std::vector<std::byte> buf;
+  size_t done = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    buf.assign(sizes[i], std::byte{0});
+    tensors[i].fill(buf.data());
+    write(buf.data(), buf.size());
+    done += sizes[i];
+    if (progress) progress(done, offset);
+  }
+  out.flush();
+  if (!out) write(nullptr, 0);  // reports the error and removes the temporary file
+  out.close();
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) fail("safetensors", "cannot rename {} to {}: {}", tmp.string(), path.string(), ec.message());
+  guard.done = true;
+}
+
 }  // namespace kvgraph

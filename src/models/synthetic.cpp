@@ -86,6 +86,7 @@ ModelInfo Model::describe_synthetic(const std::string& name, Device device, Quan
   std::vector<QuantFormat> formats(plans.size());
   for (size_t i = 0; i < plans.size(); ++i) formats[i] = synthetic_format(plans[i], quantize);
   info.weight_bytes = planned_bytes(plans, info.matrix_dtype, formats);
+  info.tensors = planned_tensors(plans, info.matrix_dtype, formats);
   return info;
 }
 

@@ -19,6 +19,7 @@ namespace {
 struct InspectFlags {
   ModelFlags m;
   bool check_weights = false;
+  bool tensors = false;
 };
 
 bool is_synthetic(const std::string& model) { return model.rfind("synthetic:", 0) == 0; }
@@ -109,6 +110,15 @@ void run_inspect(const InspectFlags& f) {
     fmt::print("{:>5}  {:<40} {:>12} {:>14}\n", l, L.policy.describe(), per, bytes);
   }
   fmt::print("total KV    {:.2f} MB at capacity {}\n", total / 1e6, capacity);
+  if (f.tensors) {
+    fmt::print("{:<64} {:<16} {:<9} {:>14}\n", "tensor", "shape", "format", "bytes");
+    size_t sum = 0;
+    for (const ModelInfo::Tensor& t : info.tensors) {
+      fmt::print("{:<64} {:<16} {:<9} {:>14}\n", t.name, shape_string(t.shape), t.format, t.bytes);
+      sum += t.bytes;
+    }
+    fmt::print("{:<64} {:<16} {:<9} {:>14}\n", fmt::format("{} tensors", info.tensors.size()), "", "", sum);
+  }
   if (f.check_weights) {
     std::fflush(stdout);  // the table first, whatever the check finds
     check_weights(info.dir, f.m.quiet);
@@ -122,6 +132,7 @@ void add_inspect(CLI::App& app) {
   CLI::App* c = app.add_subcommand("inspect", "Show the model and its per-layer cache layout");
   c->footer("Examples:\n  kvgraph inspect --capacity 4096\n  kvgraph inspect -m DIR --check-weights");
   f->m.add(*c);
+  c->add_flag("--tensors", f->tensors, "Also list every weight tensor: shape, format (f32, bf16, int4/g64, ...) and bytes");
   c->add_flag("--check-weights", f->check_weights,
               "Also scan every stored weight for NaN or infinity (fails at the first, naming the tensor and index)");
   c->callback([f] { run_inspect(*f); });
