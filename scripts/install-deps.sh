@@ -10,7 +10,8 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 # python3-jinja2: the chat-template tests compare kvgraph's Jinja renderer with Python's jinja2.
 PKGS=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
-      libpcre2-dev libgtest-dev libgmock-dev librapidcheck-dev python3 python3-jinja2)
+      libpcre2-dev libgtest-dev libgmock-dev librapidcheck-dev python3 python3-jinja2
+      libcpp-httplib-dev)
 for arg in "$@"; do
   case "$arg" in
     --fuzz) PKGS+=(clang libclang-rt-dev) ;;
@@ -21,6 +22,11 @@ missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+# Node.js and npm run the server's client test (tests/server/client: the
+# `openai` package against `kvgraph serve`). Checked as commands, not
+# packages: a Node.js from elsewhere (nodesource bundles npm) is as good.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "[install-deps] installing: ${missing[*]}"
   $SUDO apt-get update -qq

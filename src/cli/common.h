@@ -116,5 +116,6 @@ void add_inspect(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_cache_prompt(CLI::App& app);
 void add_quantize(CLI::App& app);
+void add_serve(CLI::App& app);
 
 }  // namespace kvgraph::cli

@@ -42,6 +42,7 @@ int main(int argc, char** argv) {
   kvgraph::cli::add_bench(app);
   kvgraph::cli::add_cache_prompt(app);
   kvgraph::cli::add_quantize(app);
+  kvgraph::cli::add_serve(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
