@@ -880,7 +880,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel_q(AttnArgs<detail::QKV
   }
   if (single) return;
 
-  merge_splits<S, kMaxG>(a, h, zg, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
+  merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
 }
 
 // Decode (T == 1) over quantized pools: decode_kernel's tiles, with
@@ -1129,7 +1129,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
   }
   if (single) return;
 
-  merge_splits<S, kMaxG>(a, h, zg, hq0, Gz, n_active, a.out);
+  merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out);
 }
 
 int group_bucket(int G) { return G >= 5 ? 8 : G >= 3 ? 4 : G; }
