@@ -137,6 +137,34 @@ TEST_P(SpeculativeFamily, VerifyRowsAreDecodeSteps) {
   }
 }
 
+// The same over quantized KV caches on the CPU (its attention loops per
+// query there too): int8 / int4 in groups of 32 and fp8, rings wrapped.
+// (On CUDA a verify step over quantized pools goes to attend_kernel_q: close,
+// not bitwise; docs/design.md.)
+TEST(Speculative, VerifyRowsAreDecodeStepsOverQuantizedKv) {
+  for (const auto& [family, name] : std::vector<std::pair<std::string, std::string>>{
+           {"gemma2", "int8"}, {"gemma3", "int4"}, {"gemma2", "fp8"}, {"llama", "fp8"}}) {
+    auto m = fixture(family);
+    const int32_t V = m->config().vocab_size;
+    Session a(m, {.capacity = 96, .max_write = 8, .kv_storage = parse_kv_format(name, 32)});
+    a.sampling() = {.temperature = 0.0f, .repetition_penalty = 1.3f};
+    a.prefill(prompt_for(family));
+    a.sample();
+    for (int i = 0; i < 30; ++i) a.decode();
+    std::unique_ptr<Session> b = a.fork();
+    const std::vector<int32_t> props = {3, 17, 3, 250, 9, 0, 42};
+    const std::vector<int32_t> y = a.verify(props);
+    const std::vector<float> rows = a.verify_logits();
+    for (size_t i = 0; i <= props.size(); ++i) {
+      if (i > 0) b->set_pending(props[i - 1]);
+      EXPECT_EQ(y[i], b->decode()) << family << " " << name << " row " << i;
+      const auto l = b->last_logits();
+      EXPECT_TRUE(same_bits(rows.data() + i * V, l.data(), V)) << family << " " << name << " row " << i;
+    }
+    EXPECT_EQ(a.decode(), b->decode()) << family << " " << name;
+  }
+}
+
 // accept(n, next) leaves what trim + set_pending leave, for every n, with
 // rings that wrapped: the next decode steps agree bit for bit.
 TEST_P(SpeculativeFamily, AcceptEqualsTrimAndSetPending) {
