@@ -8,8 +8,10 @@
 set -euo pipefail
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+# python3-jinja2: the chat-template tests compare kvgraph's Jinja renderer with Python's jinja2.
 PKGS=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libcli11-dev libfmt-dev libopenblas-dev
-      libpcre2-dev libgtest-dev libgmock-dev librapidcheck-dev libcpp-httplib-dev)
+      libpcre2-dev libgtest-dev libgmock-dev librapidcheck-dev python3 python3-jinja2
+      libcpp-httplib-dev)
 for arg in "$@"; do
   case "$arg" in
     --fuzz) PKGS+=(clang libclang-rt-dev) ;;

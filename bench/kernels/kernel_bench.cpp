@@ -220,7 +220,7 @@ void attention_report() {
     p.k = p.v = kv.as<float>();
     p.k_pool = kp.data();
     p.v_pool = vp.data();
-    p.storage = DType::BF16;
+    p.k_format = p.v_format = DType::BF16;
     p.out = out.as<float>();
     p.pos = pos.as<int32_t>();
     p.rule = SlotRule{sh.L, 0};

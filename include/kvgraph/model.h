@@ -75,7 +75,7 @@ struct ModelInfo {
 
 // Ring{window, max_write} for sliding layers, Flat{capacity} for the rest; a
 // window that reaches the capacity becomes flat (same semantics).
-CacheConfig cache_config(const ModelConfig& c, Device device, int32_t capacity, int32_t max_write, DType storage);
+CacheConfig cache_config(const ModelConfig& c, Device device, int32_t capacity, int32_t max_write, KvStorage storage);
 
 // `kvgraph quantize`: the float checkpoint in `dir` written to `out` in MLX's
 // layout (kvgraph/quant.h), quantized to `format` exactly as Model::load(dir,
@@ -146,7 +146,7 @@ class Model {
   const std::filesystem::path& dir() const { return dir_; }
 
   // kvgraph::cache_config of this model's config and device.
-  CacheConfig cache_config(int32_t capacity, int32_t max_write, DType storage) const;
+  CacheConfig cache_config(int32_t capacity, int32_t max_write, KvStorage storage) const;
   Workspace make_workspace(int max_T, bool all_logits) const;
 
   // Submits one step of T tokens: ids i32 [T] and pos i32 [1] are step-state

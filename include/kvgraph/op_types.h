@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "kvgraph/scalar.h"
 #include "kvgraph/tensor.h"
@@ -39,6 +40,22 @@ std::optional<SamplingIssue> check(const SamplingParams& p);
 // Throws Error("[sampling] top_p 1.5: expected a number in (0, 1]") for the
 // first setting out of range. Session calls it before settings reach a step.
 void validate(const SamplingParams& p);
+
+// The distribution sample() draws from, computed on the host with the CPU
+// backend's arithmetic (the sample op itself uses it there): the logits after
+// the repetition penalty (seen, may be null) and the bans, ranked by
+// decreasing logit (ties by increasing id), cut to top_k then top_p, each
+// weighted exp((l - max) / temperature). sample() draws the first candidate
+// whose running weight passes uniform01(seed, counter) * sum. Temperature 0:
+// the arg-max alone, weight 1. Speculative sampling reads p from it.
+struct SampleCandidates {
+  std::vector<int32_t> ids;    // in rank order
+  std::vector<float> weights;  // unnormalised, in rank order
+  float sum = 0.0f;            // of weights, summed in rank order
+  bool finite = true;          // false: a logit was NaN or +inf (sample() gives -1)
+};
+SampleCandidates sampling_candidates(const float* logits, int V, const SamplingParams& p, const int32_t* banned,
+                                     int n_banned, const uint8_t* seen);
 
 // What a linear layer may fuse around its product (the decoder's fused
 // kernels). In order: norm prologue, product, bias, then either the gate or

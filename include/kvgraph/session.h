@@ -34,10 +34,12 @@
 
 namespace kvgraph {
 
+class Proposer;  // kvgraph/speculative.h
+
 struct SessionOptions {
   int32_t capacity = 4096;   // longest sequence (prompt + generated tokens)
   int32_t max_write = 64;    // prefill chunk = largest step; ring pools hold window + max_write - 1
-  DType kv_storage = DType::F32;
+  KvStorage kv_storage = DType::F32;  // K and V formats (kv_format.h): f32, bf16, f16, int8, int4, fp8
   bool eager = false;        // decode without recording (debugging, parity)
   bool all_logits = false;   // keep logits of every prefill position (scoring)
   Tuning tuning;             // kernel launch choices (CUDA); results agree up to rounding
@@ -60,6 +62,21 @@ struct GenerateOptions {
   // what the session holds and prefill only the rest (Session::prefill_reusing).
   // Off: the prompt is appended after whatever the cache holds.
   bool reuse_prefix = false;
+  // Speculative decoding (kvgraph/speculative.h): each step takes up to
+  // draft_tokens proposals from `proposer` and verifies them in one step of
+  // the model. Greedy output (temperature 0) is token for token that of
+  // plain decoding; sampled output has the same distribution. Null: plain.
+  Proposer* proposer = nullptr;
+  int draft_tokens = 4;  // K, 1 <= K < min(max_write, kMaxVerifyTokens)
+};
+
+// What speculative decoding did in one generate() call.
+struct SpeculativeStats {
+  int64_t steps = 0;        // verify steps
+  int64_t proposed = 0;     // proposals verified
+  int64_t accepted = 0;     // proposals kept
+  int64_t plain_steps = 0;  // decode steps taken without proposals (none found, or no room)
+  double acceptance() const { return proposed ? double(accepted) / double(proposed) : 0.0; }
 };
 
 // Why generate() returned.
@@ -82,6 +99,7 @@ struct GenerateResult {
   double prefill_seconds = 0;   // prefill and the first sample
   double decode_seconds = 0;    // everything after
   int32_t reused = 0;           // prompt tokens kept from the session (reuse_prefix)
+  SpeculativeStats speculative; // with GenerateOptions::proposer
 };
 
 // Called after each generated token with its id and the text that became
@@ -97,6 +115,10 @@ int32_t request_capacity(const ModelConfig& config, int64_t prompt_tokens, int64
 
 class Session {
  public:
+  // The most tokens one verify step feeds (the pending token and up to
+  // kMaxVerifyTokens - 1 proposals).
+  static constexpr int kMaxVerifyTokens = 8;
+
   Session(std::shared_ptr<const Model> model, SessionOptions options);
 
   // Appends ids to the sequence (eager, chunked by max_write). With
@@ -128,6 +150,14 @@ class Session {
                           const GenerateOptions& options, const TokenFn& on_token = {});
 
   void reset();
+
+  // For benchmarks of decode at long context: takes `ids` as the sequence
+  // held without running the model (an empty session only). Positions
+  // [0, ids.size()) keep whatever rows the pools hold (zeros in a fresh
+  // session) and the last id is the pending token, so decode() reads as many
+  // K/V bytes as after a real prefill, at none of its cost (minutes at 128K
+  // tokens); the tokens it produces mean nothing.
+  void assume_filled(std::span<const int32_t> ids);
 
   // ---- Lifecycle: rollback, fork, save/restore, prefix reuse ----
 
@@ -192,6 +222,32 @@ class Session {
   // prompt token is prefilled again (its logits are needed).
   PrefixReuse prefill_reusing(std::span<const int32_t> prompt);
 
+  // ---- Speculative decoding (kvgraph/speculative.h drives these) ----
+
+  // One recorded step of T = 1 + proposals.size() tokens (at most
+  // kMaxVerifyTokens and max_write): feeds the pending token at position()
+  // and proposals[i] at position() + 1 + i, and after each of the T tokens
+  // samples the next one with sampling(), exactly as T decode() steps fed
+  // those tokens would (the same logits, bit for bit: every op of a step of
+  // up to kMaxVerifyTokens computes each token's row as a one-token step
+  // does; the RNG counter is the position; the repetition-penalty mask is
+  // that of the tokens before). Returns the T sampled tokens. Afterwards the
+  // session is the one those T decode steps would leave: the proposals are
+  // in the cache and the last sampled token is pending. Recorded once per T
+  // (replayed like the decode step; eager sessions run it unrecorded).
+  // Throws CacheFull, before anything is written, when T tokens do not fit.
+  std::vector<int32_t> verify(std::span<const int32_t> proposals);
+  // f32 [T, V]: the logits of every row of the last verify() (row i: what
+  // sampled its token i).
+  std::vector<float> verify_logits() const;
+  // After verify(): keeps the first n proposals, drops the rest (a rollback
+  // of T - 1 - n positions, ring layers included) and makes `next` the
+  // pending token; last_logits() becomes verify row n. The state then equals
+  // that of decode steps feeding the kept proposals, with `next` set by
+  // set_pending(). accept(K, verify()[K]) changes nothing.
+  void accept(int n, int32_t next);
+  const std::vector<int32_t>& banned_tokens() const { return banned_ids_; }
+
   // Tests only: called at named points inside a step ("decode:after_step",
   // "prefill:after_chunk"); throwing there simulates a device error after
   // the step's kernels wrote the cache.
@@ -206,6 +262,7 @@ class Session {
   // The settings the next sample uses; checked by ops::validate when they are
   // next used (sample, decode, generate), which throws Error if out of range.
   ops::SamplingParams& sampling() { return sampling_; }
+  const ops::SamplingParams& sampling() const { return sampling_; }
   void set_banned_tokens(const std::vector<int32_t>& ids);  // e.g. EOS for --ignore-eos
   std::vector<float> last_logits() const;  // f32 [V] of the last step
   int captures() const { return stream_.captures(); }
@@ -214,6 +271,7 @@ class Session {
  private:
   void record_decode_step();
   CacheStep submit_decode_step();
+  CacheStep submit_verify_step(int T);
   int32_t read_token();
   [[noreturn]] void fail_non_finite(int64_t position) const;
   void run_prefill(std::span<const int32_t> ids, const ChunkFn& on_chunk);
@@ -245,6 +303,14 @@ class Session {
   std::vector<int32_t> tokens_;  // host: ids at positions [0, position())
   int32_t pending_ = -1;         // host mirror of ids_[0] while have_pending_
   SequenceCache::RingSnapshot ring_snapshot_;  // prefill rollback of wrapped rings
+  // Verify steps (speculative decoding), allocated by the first verify():
+  Workspace vws_;           // activations for kMaxVerifyTokens tokens, every row's logits
+  Tensor vout_;             // i32 [kMaxVerifyTokens]: the token sampled after each row
+  Tensor vseen_;            // u8 [V]: the step's working copy of seen_ (marked row by row)
+  Tensor seen_saved_;       // u8 [V]: seen_ before the last verify (accept() rolls back to it)
+  CacheStep verify_steps_[kMaxVerifyTokens + 1];  // recorded steps' cache steps, by T
+  int verify_T_ = 0;        // T of the last verify() while accept() may follow (0: none)
+  int32_t verify_base_ = 0; // position of its first token
   mutable std::optional<uint64_t> fingerprint_;
   FaultFn fault_;
 };

@@ -10,6 +10,11 @@
 // CUDA: ops launch kernels on one stream; while recording the stream is
 // captured into a CUDA graph, instantiated once and replayed per token.
 //
+// A stream keeps one recording per slot (a small integer): the session's
+// decode step is slot 0, its speculative verify steps of T tokens slot T.
+// Every slot follows the same rules; they share the stream's scratch, which
+// is safe because replays on one stream run one after another.
+//
 // The stream also carries the kernel tuning (include/kvgraph/tuning.h) and,
 // through its backend, the per-stream scratch the backend's ops need.
 #include <functional>
@@ -39,14 +44,15 @@ class Stream {
   // CPU ops: run now, or append to the tape while recording.
   void submit(std::function<void()> fn);
 
-  void begin_record();
+  // Starts recording into `slot` (replacing what it held).
+  void begin_record(int slot = 0);
   void end_record();  // ends recording (CUDA: instantiates the graph)
-  void replay();      // runs the recorded step once
+  void replay(int slot = 0);  // runs the step recorded in `slot` once
   bool recording() const { return recording_; }
-  bool has_recording() const;
-  void discard_recording();
+  bool has_recording(int slot = 0) const;
+  void discard_recording();  // every slot
   int captures() const { return captures_; }  // how many steps were ever recorded
-  size_t recorded_ops() const;                 // CPU tape length
+  size_t recorded_ops(int slot = 0) const;     // CPU tape length; CUDA: graph nodes
 
   void synchronize();
   // The first i32 of `t` once the stream's queued work is done (CUDA: one

@@ -12,8 +12,6 @@ namespace {
 
 void validate(const CacheConfig& c) {
   if (c.layers.empty()) fail("sequence_cache", "config has no layers");
-  if (c.storage != DType::F32 && c.storage != DType::BF16 && c.storage != DType::F16)
-    fail("sequence_cache", "storage dtype {} is not supported (f32, bf16, f16)", dtype_name(c.storage));
   int32_t min_flat = INT32_MAX;
   for (const LayerSpec& l : c.layers)
     if (!l.policy.is_ring()) min_flat = std::min(min_flat, l.policy.capacity());
@@ -26,6 +24,15 @@ void validate(const CacheConfig& c) {
       fail("sequence_cache", "layer {}: n_heads {} is not a multiple of n_kv_heads {}", i, l.n_heads,
            l.n_kv_heads);
     if (l.head_dim <= 0) fail("sequence_cache", "layer {}: head_dim must be positive, got {}", i, l.head_dim);
+    const KvStorage& st = l.storage ? *l.storage : c.storage;
+    for (const auto& [name, f] : {std::pair{"K", st.k}, std::pair{"V", st.v}}) {
+      const std::string why = kv_format_problem(f, l.head_dim);
+      if (!why.empty()) fail("sequence_cache", "layer {}: {} storage: {}", i, name, why);
+    }
+    if (c.device == Device::CUDA) {
+      const std::string why = kv_cuda_problem(st);
+      if (!why.empty()) fail("sequence_cache", "layer {}: {}", i, why);
+    }
     if (l.policy.is_ring()) {
       if (l.policy.window() <= 0)
         fail("sequence_cache", "layer {}: window must be positive, got {}", i, l.policy.window());
@@ -50,11 +57,31 @@ SequenceCache::SequenceCache(CacheConfig config) : config_(std::move(config)) {
     auto it = std::find(policies_.begin(), policies_.end(), l.policy);
     policy_of_layer_.push_back(static_cast<int>(it - policies_.begin()));
     if (it == policies_.end()) policies_.push_back(l.policy);
-    std::vector<int64_t> shape{l.n_kv_heads, l.policy.pool(), l.head_dim};
-    k_.push_back(Tensor::zeros(shape, config_.storage, config_.device));
-    v_.push_back(Tensor::zeros(shape, config_.storage, config_.device));
+    const KvStorage st = l.storage ? *l.storage : config_.storage;
+    storage_.push_back(st);
+    // Codes [n_kv_heads, pool, head_dim] in the plain dtype, or u8 rows of
+    // code_bytes; aux rows beside them for the quantized formats.
+    auto codes = [&](KvFormat f) {
+      const int64_t width = f.quantized() ? f.code_bytes(l.head_dim) : l.head_dim;
+      return Tensor::zeros({l.n_kv_heads, l.policy.pool(), width}, f.dtype, config_.device);
+    };
+    auto aux = [&](KvFormat f) {
+      if (!f.quantized()) return Tensor();
+      return Tensor::zeros({l.n_kv_heads, l.policy.pool(), f.aux_bytes(l.head_dim)}, DType::U8, config_.device);
+    };
+    k_.push_back(codes(st.k));
+    v_.push_back(codes(st.v));
+    k_aux_.push_back(aux(st.k));
+    v_aux_.push_back(aux(st.v));
   }
   plans_.resize(policies_.size());
+}
+
+std::vector<const Tensor*> SequenceCache::layer_pools(int layer) const {
+  std::vector<const Tensor*> out;
+  for (const Tensor* t : {&k_.at(layer), &k_aux_.at(layer), &v_.at(layer), &v_aux_.at(layer)})
+    if (t->defined()) out.push_back(t);
+  return out;
 }
 
 int32_t SequenceCache::capacity() const {
@@ -71,13 +98,15 @@ int32_t SequenceCache::max_write() const {
 
 size_t SequenceCache::bytes() const {
   size_t b = 0;
-  for (int l = 0; l < n_layers(); ++l) b += k_[l].nbytes() + v_[l].nbytes();
+  for (int l = 0; l < n_layers(); ++l)
+    for (const Tensor* t : layer_pools(l)) b += t->nbytes();
   return b;
 }
 
 size_t SequenceCache::bytes_per_token(int layer) const {
   const LayerSpec& l = config_.layers.at(layer);
-  return 2 * static_cast<size_t>(l.n_kv_heads) * l.head_dim * dtype_size(config_.storage);
+  const KvStorage& st = storage_.at(layer);
+  return static_cast<size_t>(l.n_kv_heads) * static_cast<size_t>(st.k.row_bytes(l.head_dim) + st.v.row_bytes(l.head_dim));
 }
 
 void SequenceCache::reserve(int64_t n) const {
@@ -139,43 +168,55 @@ void SequenceCache::trim(int32_t n) {
 }
 
 void SequenceCache::copy_from(Stream& stream, const SequenceCache& other) {
-  if (other.config_.layers.size() != config_.layers.size() || other.config_.storage != config_.storage ||
-      other.config_.device != config_.device)
+  if (other.config_.layers.size() != config_.layers.size() || other.config_.device != config_.device)
     fail("sequence_cache", "copy_from: the caches have different configs");
   for (int l = 0; l < n_layers(); ++l) {
     if (!(other.config_.layers[l].policy == config_.layers[l].policy))
       fail("sequence_cache", "copy_from: layer {} has policy {} here and {} in the source", l,
            config_.layers[l].policy.describe(), other.config_.layers[l].policy.describe());
-    ops::copy(stream, other.k_[l], k_[l]);
-    ops::copy(stream, other.v_[l], v_[l]);
+    if (other.storage_[l] != storage_[l])
+      fail("sequence_cache", "copy_from: layer {} stores {} here and {} in the source", l,
+           kv_storage_name(storage_[l]), kv_storage_name(other.storage_[l]));
   }
+  const std::vector<Tensor>* from[] = {&other.k_, &other.k_aux_, &other.v_, &other.v_aux_};
+  std::vector<Tensor>* to[] = {&k_, &k_aux_, &v_, &v_aux_};
+  for (int l = 0; l < n_layers(); ++l)
+    for (int i = 0; i < 4; ++i)
+      if ((*to[i])[l].defined()) ops::copy(stream, (*from[i])[l], (*to[i])[l]);
   length_ = other.length_;
   written_ = other.written_;
 }
 
 void SequenceCache::snapshot_rings(Stream& stream, RingSnapshot& snap) const {
-  snap.k.resize(n_layers());
-  snap.v.resize(n_layers());
+  std::vector<Tensor>* parts[] = {&snap.k, &snap.k_aux, &snap.v, &snap.v_aux};
+  const std::vector<Tensor>* pools[] = {&k_, &k_aux_, &v_, &v_aux_};
+  for (std::vector<Tensor>* p : parts) p->resize(n_layers());
   for (int l = 0; l < n_layers(); ++l) {
     if (!config_.layers[l].policy.is_ring()) continue;
-    if (!snap.k[l].defined()) {  // allocated once, reused by later snapshots
-      snap.k[l] = Tensor::empty(k_[l].shape(), k_[l].dtype(), k_[l].device());
-      snap.v[l] = Tensor::empty(v_[l].shape(), v_[l].dtype(), v_[l].device());
+    for (int i = 0; i < 4; ++i) {
+      const Tensor& from = (*pools[i])[l];
+      if (!from.defined()) continue;
+      Tensor& to = (*parts[i])[l];
+      if (!to.defined()) to = Tensor::empty(from.shape(), from.dtype(), from.device());  // allocated once, reused
+      ops::copy(stream, from, to);
     }
-    ops::copy(stream, k_[l], snap.k[l]);
-    ops::copy(stream, v_[l], snap.v[l]);
   }
   snap.length = length_;
   snap.written = written_;
 }
 
 void SequenceCache::restore_rings(Stream& stream, const RingSnapshot& snap) {
+  const std::vector<Tensor>* parts[] = {&snap.k, &snap.k_aux, &snap.v, &snap.v_aux};
+  std::vector<Tensor>* pools[] = {&k_, &k_aux_, &v_, &v_aux_};
   for (int l = 0; l < n_layers(); ++l) {
     if (!config_.layers[l].policy.is_ring()) continue;
-    if (l >= static_cast<int>(snap.k.size()) || !snap.k[l].defined())
-      fail("sequence_cache", "restore_rings: the snapshot has no rows for ring layer {}", l);
-    ops::copy(stream, snap.k[l], k_[l]);
-    ops::copy(stream, snap.v[l], v_[l]);
+    for (int i = 0; i < 4; ++i) {
+      Tensor& to = (*pools[i])[l];
+      if (!to.defined()) continue;
+      if (l >= static_cast<int>(parts[i]->size()) || !(*parts[i])[l].defined())
+        fail("sequence_cache", "restore_rings: the snapshot has no rows for ring layer {}", l);
+      ops::copy(stream, (*parts[i])[l], to);
+    }
   }
   length_ = snap.length;
   written_ = snap.written;
@@ -204,7 +245,7 @@ void SequenceCache::export_layer(int layer, std::byte* out) const {
   const CachePolicy& p = policy(layer);
   const int32_t rows = p.is_ring() ? p.pool() : length_;
   if (rows == 0) return;
-  for (const Tensor* pool : {&k_.at(layer), &v_.at(layer)})
+  for (const Tensor* pool : layer_pools(layer))
     for (const Tensor& t : head_rows(*pool, rows)) {
       t.copy_to_host(out);
       out += t.nbytes();
@@ -216,24 +257,23 @@ void SequenceCache::import_layer(int layer, const std::byte* in, int32_t length,
   if (length < 0 || length > capacity())
     fail("sequence_cache", "import: length {} is outside [0, {}]", length, capacity());
   if (from_flat && p.is_ring()) {
-    const size_t row = bytes_per_token(layer) / 2;  // one KV head row set of K (or V) for all heads
-    const int64_t hd_bytes = static_cast<int64_t>(row) / config_.layers[layer].n_kv_heads;
     const int32_t lo = oldest_resident(p.rule(), length);
-    for (const Tensor* pool : {&k_.at(layer), &v_.at(layer)}) {
+    for (const Tensor* pool : layer_pools(layer)) {
+      const size_t row_bytes = static_cast<size_t>(pool->dim(2)) * dtype_size(pool->dtype());  // one head's row
       std::vector<Tensor> heads = head_rows(*pool, p.pool());
       for (Tensor& h : heads) {
         for (int32_t pos = lo; pos < length; ++pos) {
           Tensor dst = h.slice_rows(slot_of(p.rule(), pos), 1);
-          dst.copy_from_host(in + static_cast<size_t>(pos) * hd_bytes);
+          dst.copy_from_host(in + static_cast<size_t>(pos) * row_bytes);
         }
-        in += static_cast<size_t>(length) * hd_bytes;
+        in += static_cast<size_t>(length) * row_bytes;
       }
     }
     return;
   }
   const int32_t rows = p.is_ring() ? p.pool() : length;
   if (rows == 0) return;
-  for (const Tensor* pool : {&k_.at(layer), &v_.at(layer)})
+  for (const Tensor* pool : layer_pools(layer))
     for (Tensor t : head_rows(*pool, rows)) {
       t.copy_from_host(in);
       in += t.nbytes();

@@ -47,7 +47,9 @@ struct ModelFlags {
   std::string device = "cpu";
   int capacity = 0;         // 0: prompt + new tokens (generate) or model maximum
   int chunk = 64;           // prefill step (max_write)
-  std::string kv_dtype;     // f32 | bf16 | f16; default f32 on CPU, bf16 on CUDA
+  std::string kv_dtype;     // K and V: f32 | bf16 | f16 | int8 | int4 | fp8; default f32 on CPU, bf16 on CUDA
+  std::string k_dtype, v_dtype;  // one of them only (over --kv-dtype)
+  int kv_group = 64;        // of int8 / int4 KV: 32 or 64 values per scale and bias
   std::string cpu_weights = "auto";  // auto | f32 | bf16 (Model::CpuWeights)
   std::string weights;      // empty or bf16: as stored; int8 | int4: quantized on load (MLX affine)
   int group_size = 64;      // of --weights int8|int4: 32, 64 or 128
@@ -56,7 +58,10 @@ struct ModelFlags {
   std::string tune;         // Tuning::parse spec; empty: the defaults
   void add(CLI::App& app);
   void check() const;       // ranges of --capacity and --chunk (UsageError); before any work
-  DType kv_storage(Device d) const;
+  KvStorage kv_storage(Device d) const;  // of --kv-dtype / --k-dtype / --v-dtype / --kv-group
+  // Throws UsageError when the KV formats cannot store this model's rows
+  // (a group that does not divide head_dim, ...): before anything is allocated.
+  void check_kv_storage(const ModelConfig& c, Device d) const;
   QuantFormat quantize() const;  // of --weights / --group-size (bits 0: as stored)
   Tuning tuning() const { return Tuning::parse(tune); }
 };

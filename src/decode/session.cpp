@@ -4,9 +4,11 @@
 #include <cmath>
 #include <chrono>
 #include <climits>
+#include <deque>
 #include <optional>
 
 #include "kvgraph/error.h"
+#include "kvgraph/speculative.h"
 
 namespace kvgraph {
 
@@ -69,6 +71,7 @@ void Session::set_banned_tokens(const std::vector<int32_t>& ids) {
 
 void Session::prefill(std::span<const int32_t> ids, const ChunkFn& on_chunk) {
   if (ids.empty()) fail("session", "prefill with no tokens");
+  verify_T_ = 0;
   const int32_t V = model_->config().vocab_size;
   for (int32_t id : ids)
     if (id < 0 || id >= V) fail("session", "token id {} out of range [0, {})", id, V);
@@ -184,6 +187,7 @@ void Session::record_decode_step() {
 
 int32_t Session::decode() {
   if (!have_pending_) fail("session", "decode() needs a pending token: call prefill() and sample() first");
+  verify_T_ = 0;
   // The host mirror of the position guards the cache before anything runs.
   cache_.reserve(1);
   upload_sampling();
@@ -219,6 +223,7 @@ int32_t Session::decode() {
 std::vector<int32_t> Session::decode_many(int n) {
   if (n < 1) fail("session", "decode_many needs n >= 1, got {}", n);
   if (!have_pending_) fail("session", "decode() needs a pending token: call prefill() and sample() first");
+  verify_T_ = 0;
   cache_.reserve(n);
   if (opt_.eager) {
     std::vector<int32_t> out;
@@ -259,6 +264,138 @@ std::vector<int32_t> Session::decode_many(int n) {
   tokens_.insert(tokens_.end(), tokens.begin(), tokens.end() - 1);
   pending_ = tokens.back();
   return tokens;
+}
+
+// ---- Speculative decoding: the verify step
+
+// T tokens (ids[0] the pending one, ids[1..T) the proposals) in one step,
+// then, row by row, what a decode step does after its forward: advance the
+// position and sample, with the repetition-penalty mask of the tokens before
+// that row (seen_ and proposals 1..i, in a working copy). Every op computes
+// a token's row as a one-token step does (kvgraph::cpu::rows_product; on
+// CUDA the multi-token GEMV and decode attention), so row i is bitwise the
+// logits of a decode step feeding ids[i] at position pos + i.
+CacheStep Session::submit_verify_step(int T) {
+  ops::copy(stream_, seen_, seen_saved_);
+  const CacheStep step = model_->forward(stream_, cache_, vws_, ids_, pos_, T, /*all_logits=*/true);
+  for (int i = 0; i < T; ++i) {
+    ops::advance(stream_, pos_, 1);
+    ops::copy(stream_, seen_, vseen_);
+    if (i > 0) ops::mark_seen(stream_, ids_.slice_rows(1, i), vseen_);
+    Tensor row = vws_.logits.slice_rows(i, 1);
+    Tensor tok = vout_.slice_rows(i, 1);
+    ops::sample(stream_, row, sampling_config_, banned_, n_banned_, vseen_, pos_, tok);
+  }
+  return step;
+}
+
+std::vector<int32_t> Session::verify(std::span<const int32_t> proposals) {
+  if (!have_pending_) fail("session", "verify() needs a pending token: call prefill() and sample() first");
+  if (opt_.all_logits) fail("session", "verify() is not available in an all_logits (scoring) session");
+  const int K = static_cast<int>(proposals.size()), T = K + 1;
+  if (K < 1) fail("session", "verify() needs at least one proposal");
+  const int max_T = std::min(kMaxVerifyTokens, opt_.max_write);
+  if (T > max_T)
+    fail("session", "verify of {} proposals: at most {} (a step of at most {} tokens: kMaxVerifyTokens {}, max_write {})",
+         K, max_T - 1, max_T, kMaxVerifyTokens, opt_.max_write);
+  const int32_t V = model_->config().vocab_size;
+  for (int32_t id : proposals)
+    if (id < 0 || id >= V) fail("session", "proposed token id {} out of range [0, {})", id, V);
+  cache_.reserve(T);  // CacheFull before anything is written
+  upload_sampling();
+  if (vws_.max_T == 0) {
+    const Device d = model_->device();
+    vws_ = model_->make_workspace(kMaxVerifyTokens, /*all_logits=*/true);
+    vout_ = Tensor::zeros({kMaxVerifyTokens}, DType::I32, d);
+    vseen_ = Tensor::zeros({V}, DType::U8, d);
+    seen_saved_ = Tensor::zeros({V}, DType::U8, d);
+  }
+  verify_T_ = 0;
+  const int32_t L = cache_.length();
+  const int32_t fed = pending_;
+  std::vector<int32_t> out;
+  CacheStep step;
+  try {
+    ids_.slice_rows(1, K).copy_from_host(proposals.data());
+    if (opt_.eager) {
+      step = submit_verify_step(T);
+    } else {
+      if (!stream_.has_recording(T)) {
+        stream_.begin_record(T);
+        try {
+          verify_steps_[T] = submit_verify_step(T);
+        } catch (...) {
+          stream_.discard_recording();
+          throw;
+        }
+        stream_.end_record();
+      }
+      stream_.replay(T);
+      step = verify_steps_[T];
+    }
+    stream_.reserve_reads(T);
+    for (int i = 0; i < T; ++i) stream_.queue_read_i32(vout_.slice_rows(i, 1), i);
+    out = stream_.collect_i32(T);
+    for (int i = 0; i < T; ++i)
+      if (out[i] < 0) fail_non_finite(int64_t(L) + i);
+    fault("verify:after_step");
+  } catch (...) {
+    // Transactional, as decode(): T <= max_write rows past the length are
+    // within what every ring can roll back.
+    stream_.synchronize();
+    cache_.note_written(L + T);
+    set_step_state(L, fed);
+    have_logits_ = false;
+    throw;
+  }
+  cache_.commit(step);
+  tokens_.push_back(fed);
+  tokens_.insert(tokens_.end(), proposals.begin(), proposals.end());
+  // What T decode steps would leave: the last sampled token pending (and
+  // seen, with the proposals), its logits the last ones.
+  pending_ = out[K];
+  Tensor first = ids_.slice_rows(0, 1), last_row = ws_.logits.slice_rows(0, 1);
+  ops::copy(stream_, vout_.slice_rows(K, 1), first);
+  ops::mark_seen(stream_, ids_.slice_rows(0, T), seen_);
+  ops::copy(stream_, vws_.logits.slice_rows(K, 1), last_row);
+  stream_.synchronize();
+  have_pending_ = have_logits_ = true;
+  verify_T_ = T;
+  verify_base_ = L;
+  return out;
+}
+
+std::vector<float> Session::verify_logits() const {
+  if (vws_.max_T == 0) fail("session", "verify_logits() before any verify()");
+  return vws_.logits.to_f32_vector();
+}
+
+void Session::accept(int n, int32_t next) {
+  if (verify_T_ == 0 || cache_.length() != verify_base_ + verify_T_)
+    fail("session", "accept() must follow verify() directly");
+  const int K = verify_T_ - 1;
+  if (n < 0 || n > K) fail("session", "accept({}): the last verify() had {} proposals", n, K);
+  const int32_t V = model_->config().vocab_size;
+  if (next < 0 || next >= V) fail("session", "token id {} out of range [0, {})", next, V);
+  if (n == K && next == pending_) {
+    verify_T_ = 0;
+    return;
+  }
+  const int32_t keep = verify_base_ + 1 + n;
+  stream_.synchronize();
+  cache_.trim(keep);  // T <= max_write: every ring still holds what position keep needs
+  tokens_.resize(keep);
+  pos_.copy_from_host(&keep);
+  pending_ = next;
+  ids_.slice_rows(0, 1).copy_from_host(&pending_);
+  // seen = the tokens before the verify, the kept proposals (ids[1, n]) and next (ids[0]).
+  ops::copy(stream_, seen_saved_, seen_);
+  ops::mark_seen(stream_, ids_.slice_rows(0, n + 1), seen_);
+  Tensor last_row = ws_.logits.slice_rows(0, 1);
+  ops::copy(stream_, vws_.logits.slice_rows(n, 1), last_row);
+  stream_.synchronize();
+  have_pending_ = have_logits_ = true;
+  verify_T_ = 0;
 }
 
 namespace {
@@ -303,6 +440,13 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenize
       longest_stop = std::max(longest_stop, st.size());
     }
   if (!stops.empty() && !tokenizer) fail("session", "generate: stop strings need a tokenizer");
+  if (options.proposer) {
+    const int max_k = std::min(kMaxVerifyTokens, opt_.max_write) - 1;
+    if (options.draft_tokens < 1 || options.draft_tokens > max_k)
+      fail("session", "generate: draft_tokens must be in [1, {}] (a verify step of at most {} tokens: "
+           "kMaxVerifyTokens {}, max_write {}), got {}", max_k, max_k + 1, kMaxVerifyTokens, opt_.max_write,
+           options.draft_tokens);
+  }
 
   std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());
   if (tokenizer && tokenizer->eos_id()) eos.push_back(*tokenizer->eos_id());
@@ -325,6 +469,10 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenize
   std::optional<StreamDecoder> sd;
   if (tokenizer) sd.emplace(*tokenizer, options.skip_special_tokens);
   size_t emitted = 0;  // bytes of r.text already given to on_token
+  // Tokens a speculative step already put in the session after t (the last
+  // of them pending); handed out one at a time, so every end condition is
+  // checked per token exactly as in plain decoding.
+  std::deque<int32_t> ahead;
   while (true) {
     r.last = t;
     if (end_on_eos && std::binary_search(eos.begin(), eos.end(), t)) {
@@ -359,13 +507,28 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenize
       r.finish = FinishReason::cancelled;
       break;
     }
-    try {
-      t = decode();
-    } catch (const CacheFull&) {  // raised before anything was written: the cache limit is a stop
-      r.finish = FinishReason::length;
-      break;
+    if (ahead.empty()) {
+      try {
+        if (options.proposer) {
+          // No more proposals than tokens still wanted after this step's own one.
+          const int64_t wanted = int64_t(options.max_tokens) - int64_t(r.tokens.size());
+          const int k = static_cast<int>(std::min<int64_t>(options.draft_tokens, wanted - 1));
+          const std::vector<int32_t> b = speculative_step(*this, *options.proposer, k, r.speculative);
+          ahead.assign(b.begin(), b.end());
+        } else {
+          ahead.push_back(decode());
+        }
+      } catch (const CacheFull&) {  // raised before anything was written: the cache limit is a stop
+        r.finish = FinishReason::length;
+        break;
+      }
     }
+    t = ahead.front();
+    ahead.pop_front();
   }
+  // Ended inside a speculative batch: roll back to where plain decoding
+  // would have stopped (t pending, nothing after it in the cache).
+  if (!ahead.empty()) trim(position() - static_cast<int32_t>(ahead.size()));
   if (sd && r.finish != FinishReason::stop) {
     // Bytes the decoder still held (an unfinished character, as U+FFFD) may
     // complete a stop string too: the same rule applies to them.
@@ -387,6 +550,7 @@ std::vector<float> Session::last_logits() const {
 }
 
 void Session::reset() {
+  verify_T_ = 0;
   cache_.reset();
   tokens_.clear();
   int32_t zero = 0;
@@ -411,6 +575,7 @@ void Session::upload_seen() {
 // Host -> device step state: pos = position, ids[0] = the pending token,
 // seen = the kept tokens and the pending one.
 void Session::set_step_state(int32_t position, std::optional<int32_t> pending) {
+  verify_T_ = 0;
   pos_.copy_from_host(&position);
   have_pending_ = pending.has_value();
   if (pending) {
@@ -418,6 +583,22 @@ void Session::set_step_state(int32_t position, std::optional<int32_t> pending) {
     ids_.slice_rows(0, 1).copy_from_host(&pending_);
   }
   upload_seen();
+}
+
+void Session::assume_filled(std::span<const int32_t> ids) {
+  if (stream_.recording()) fail("session", "assume_filled() while a step is being recorded");
+  if (cache_.length() != 0) fail("session", "assume_filled() needs an empty session (reset() first)");
+  if (ids.empty()) fail("session", "assume_filled() needs at least one id");
+  const int32_t V = model_->config().vocab_size;
+  for (int32_t id : ids)
+    if (id < 0 || id >= V) fail("session", "token id {} out of range [0, {})", id, V);
+  cache_.reserve(static_cast<int64_t>(ids.size()));
+  stream_.synchronize();
+  const int32_t n = static_cast<int32_t>(ids.size());
+  cache_.set_extent(n, n);
+  tokens_.assign(ids.begin(), ids.end());
+  have_logits_ = false;
+  set_step_state(n, ids.back());
 }
 
 void Session::set_pending(int32_t id) {

@@ -1,16 +1,19 @@
 // Session save/restore: a versioned, checksummed file written atomically.
 //
 // Layout (little-endian):
-//   "KVGSESS\0"  u32 version
+//   "KVGSESS\0"  u32 version (2; version 1 files, plain storage, are still read)
 //   sections, in this order, each  u32 tag | u64 size | payload[size] | u64 FNV-1a-64(payload):
-//     HEAD  model fingerprint u64, vocab i32, storage dtype (u32 length + name),
-//           max_write i32, n_layers u32, per layer: ring u8, window i32,
-//           max_write i32, pool i32, capacity i32, n_kv_heads i32, head_dim i32
+//     HEAD  model fingerprint u64, vocab i32, storage (u32 length + name:
+//           kv_storage_name of layer 0, informative), max_write i32,
+//           n_layers u32, per layer: ring u8, window i32, max_write i32,
+//           pool i32, capacity i32, n_kv_heads i32, head_dim i32, then
+//           (version 2) the K and V formats: type u8 (KvType), group i32 each
 //     TOKS  length i32, written i32, has_pending u8, pending i32, n u32, ids i32[n]
 //     LOGT  has_logits u8, then f32[vocab] (the last step's logits) when set
 //     KVRW  per layer: u64 bytes, then the layer's rows as stored
 //           (SequenceCache::export_layer: flat = positions [0, length) of
-//           each KV head, ring = the whole pool; K then V)
+//           each KV head, ring = the whole pool; K codes, K scales, V codes,
+//           V scales, the scales only for quantized formats)
 //     END.  empty
 // A reader verifies the whole file (every section's size and checksum, the
 // model, the layout) before it changes anything.
@@ -31,7 +34,8 @@ namespace kvgraph {
 namespace {
 
 constexpr char kMagic[8] = {'K', 'V', 'G', 'S', 'E', 'S', 'S', '\0'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersionPlainStorage = 1;  // one storage dtype for the whole cache, no per-layer formats
 
 constexpr uint32_t tag(const char (&s)[5]) {
   return uint32_t(uint8_t(s[0])) | uint32_t(uint8_t(s[1])) << 8 | uint32_t(uint8_t(s[2])) << 16 |
@@ -101,6 +105,7 @@ struct Reader {
 struct LayerLayout {
   bool ring = false;
   int32_t window = 0, max_write = 0, pool = 0, capacity = 0, n_kv_heads = 0, head_dim = 0;
+  KvStorage storage;
   std::string describe() const {
     return ring ? fmt::format("ring(window={}, max_write={}, pool={})", window, max_write, pool)
                 : fmt::format("flat(capacity={})", capacity);
@@ -151,7 +156,7 @@ LayerLayout layout_of(const SequenceCache& cache, int l) {
   const LayerSpec& spec = cache.config().layers[l];
   const CachePolicy& p = spec.policy;
   return {p.is_ring(), p.window(), p.is_ring() ? p.max_write() : 0, p.is_ring() ? p.pool() : 0,
-          p.is_ring() ? 0 : p.capacity(), spec.n_kv_heads, spec.head_dim};
+          p.is_ring() ? 0 : p.capacity(), spec.n_kv_heads, spec.head_dim, cache.storage(l)};
 }
 
 }  // namespace
@@ -181,13 +186,17 @@ void Session::save(const std::filesystem::path& path) {
   Writer head;
   head.put<uint64_t>(model_fingerprint());
   head.put<int32_t>(V);
-  head.put_str(dtype_name(cache_.config().storage));
+  head.put_str(kv_storage_name(cache_.storage(0)));
   head.put<int32_t>(opt_.max_write);
   head.put<uint32_t>(static_cast<uint32_t>(cache_.n_layers()));
   for (int l = 0; l < cache_.n_layers(); ++l) {
     const LayerLayout x = layout_of(cache_, l);
     head.put<uint8_t>(x.ring);
     for (int32_t v : {x.window, x.max_write, x.pool, x.capacity, x.n_kv_heads, x.head_dim}) head.put<int32_t>(v);
+    for (KvFormat f : {x.storage.k, x.storage.v}) {
+      head.put<uint8_t>(static_cast<uint8_t>(f.type));
+      head.put<int32_t>(f.group);
+    }
   }
   section(kHead, head.buf);
 
@@ -253,9 +262,9 @@ void Session::restore(const std::filesystem::path& path) {
   if (file.size() < sizeof kMagic + 4) fail("session_file", "{}: truncated in the file header", name);
   uint32_t version = 0;
   std::memcpy(&version, file.data() + sizeof kMagic, 4);
-  if (version != kVersion)
-    fail("session_file", "{}: format version {} is not supported (this build reads version {})", name, version,
-         kVersion);
+  if (version != kVersion && version != kVersionPlainStorage)
+    fail("session_file", "{}: format version {} is not supported (this build reads versions {} and {})", name,
+         version, kVersionPlainStorage, kVersion);
 
   // Every section: framing, size and checksum, in the expected order.
   size_t at = sizeof kMagic + 4;
@@ -291,9 +300,13 @@ void Session::restore(const std::filesystem::path& path) {
   const int32_t V = head.get<int32_t>();
   if (V != model_->config().vocab_size) fail("session_file", "{}: vocabulary {} differs from the model's", name, V);
   const std::string storage = head.str();
-  if (storage != dtype_name(cache_.config().storage))
-    fail("session_file", "{} holds a {} cache; this session stores {} (use the same --kv-dtype)", name, storage,
-         dtype_name(cache_.config().storage));
+  // Version 1: the whole cache in one plain dtype, named here.
+  KvStorage v1_storage = KvFormat(KvType::Invalid);
+  if (version == kVersionPlainStorage)
+    for (DType d : {DType::F32, DType::BF16, DType::F16})
+      if (storage == dtype_name(d)) v1_storage = d;
+  if (version == kVersionPlainStorage && v1_storage.k.type == KvType::Invalid)
+    fail("session_file", "{}: unknown KV storage \"{}\" (corrupted file)", name, storage);
   head.get<int32_t>();  // max_write: rings below carry theirs; flat layers do not depend on it
   const uint32_t n_layers = head.get<uint32_t>();
   std::vector<bool> from_flat(cache_.n_layers(), false);
@@ -303,7 +316,18 @@ void Session::restore(const std::filesystem::path& path) {
     LayerLayout x;
     x.ring = head.get<uint8_t>() != 0;
     for (int32_t* v : {&x.window, &x.max_write, &x.pool, &x.capacity, &x.n_kv_heads, &x.head_dim}) *v = head.get<int32_t>();
+    x.storage = v1_storage;
+    if (version != kVersionPlainStorage)
+      for (KvFormat* f : {&x.storage.k, &x.storage.v}) {
+        const uint8_t t = head.get<uint8_t>();
+        const int32_t group = head.get<int32_t>();
+        *f = t < static_cast<uint8_t>(KvType::Invalid) ? KvFormat(static_cast<KvType>(t), group) : KvType::Invalid;
+      }
     const LayerLayout here = layout_of(cache_, l);
+    if (x.storage != here.storage)
+      fail("session_file", "{} holds a {} cache{}; this session stores {} (use the same --kv-dtype, --k-dtype, "
+           "--v-dtype and --kv-group)", name, kv_storage_name(x.storage),
+           l > 0 ? fmt::format(" in layer {}", l) : std::string(), kv_storage_name(here.storage));
     // A sliding layer that was flat (its window reached the capacity then)
     // restores into a ring: the ring takes the last pool rows of the history.
     const bool flat_to_ring = !x.ring && here.ring && x.n_kv_heads == here.n_kv_heads && x.head_dim == here.head_dim;

@@ -10,7 +10,7 @@
 
 namespace kvgraph {
 
-CacheConfig cache_config(const ModelConfig& cfg, Device device, int32_t capacity, int32_t max_write, DType storage) {
+CacheConfig cache_config(const ModelConfig& cfg, Device device, int32_t capacity, int32_t max_write, KvStorage storage) {
   if (capacity < 1) fail("model", "cache capacity must be positive, got {}", capacity);
   if (max_write < 1) fail("model", "max_write must be positive, got {}", max_write);
   CacheConfig c;
@@ -25,7 +25,7 @@ CacheConfig cache_config(const ModelConfig& cfg, Device device, int32_t capacity
   return c;
 }
 
-CacheConfig Model::cache_config(int32_t capacity, int32_t max_write, DType storage) const {
+CacheConfig Model::cache_config(int32_t capacity, int32_t max_write, KvStorage storage) const {
   return kvgraph::cache_config(cfg_, device_, capacity, max_write, storage);
 }
 

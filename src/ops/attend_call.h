@@ -6,6 +6,7 @@
 // struct; nothing is re-packed on the way.
 #include <cstdint>
 
+#include "kvgraph/cache/kv_format.h"
 #include "kvgraph/cache/slots.h"
 #include "kvgraph/dtype.h"
 
@@ -20,9 +21,16 @@ struct AttendCall {
   const float* k = nullptr;  // f32 [T, n_kv_heads, head_dim]  token stride k_stride
   const float* v = nullptr;  // f32 [T, n_kv_heads, head_dim]  token stride v_stride
   int64_t q_stride = 0, k_stride = 0, v_stride = 0;
-  void* k_pool = nullptr;    // storage [n_kv_heads, rule.pool, head_dim]
-  void* v_pool = nullptr;    // storage [n_kv_heads, rule.pool, head_dim]
-  DType storage = DType::BF16;  // f32 | bf16 | f16
+  // The layer's pools in their formats (kv_format.h): codes [n_kv_heads,
+  // rule.pool, head_dim] of the plain dtype, or u8 [n_kv_heads, rule.pool,
+  // code_bytes]; aux u8 [n_kv_heads, rule.pool, aux_bytes] (scales, biases)
+  // for quantized formats, else null.
+  void* k_pool = nullptr;
+  void* v_pool = nullptr;
+  void* k_aux = nullptr;
+  void* v_aux = nullptr;
+  KvFormat k_format = KvType::BF16;
+  KvFormat v_format = KvType::BF16;
   float* out = nullptr;      // f32 [T, n_q_heads, head_dim], dense
   const int32_t* pos = nullptr;  // i32 [1] on the device: position of token 0
   // CPU: the step's plan for this layer's policy, written by the step's plan

@@ -23,12 +23,13 @@ class StreamBackend {
   virtual ~StreamBackend() = default;
   // A host closure: runs now, or is appended to the recording (CPU only).
   virtual void submit(std::function<void()> fn, bool recording) = 0;
-  virtual void begin_record() = 0;
+  // Recordings live in slots (small integers >= 0); a slot may be empty.
+  virtual void begin_record(int slot) = 0;
   virtual void end_record() = 0;
-  virtual void replay() = 0;
-  virtual bool has_recording() const = 0;
-  virtual void discard_recording() = 0;
-  virtual size_t recorded_ops() const = 0;  // CPU tape length; CUDA: graph nodes
+  virtual void replay(int slot) = 0;
+  virtual bool has_recording(int slot) const = 0;
+  virtual void discard_recording(int slot) = 0;      // -1: every slot
+  virtual size_t recorded_ops(int slot) const = 0;  // CPU tape length; CUDA: graph nodes
   virtual void synchronize() = 0;
   // Token reads: queue a copy of src[0] into host slot `slot` (ordered after
   // the work queued so far); slots() is valid after synchronize().

@@ -324,7 +324,10 @@ void update_and_attend(Stream& s, const AttendArgs& a) {
   c.out = const_cast<float*>(rows(a.out, "out", qs));
   c.k_pool = cache.k_pool(layer).raw();
   c.v_pool = cache.v_pool(layer).raw();
-  c.storage = cache.config().storage;
+  c.k_aux = cache.k_aux(layer).defined() ? cache.k_aux(layer).raw() : nullptr;
+  c.v_aux = cache.v_aux(layer).defined() ? cache.v_aux(layer).raw() : nullptr;
+  c.k_format = cache.storage(layer).k;
+  c.v_format = cache.storage(layer).v;
   c.pos = a.step.pos;
   c.plan = a.step.plans + cache.policy_index(layer);
   c.rule = l.policy.rule();

@@ -12,7 +12,7 @@
 
 #include "kvgraph/error.h"
 #include "server/api_error.h"
-#include "server/chat_template_adapter.h"  // TEMPORARY: chat/chat_template.h once the jinja branch is merged
+#include "chat/chat_template.h"
 #include "server/tool_calls.h"
 
 namespace kvgraph::server {
@@ -221,8 +221,56 @@ ServedModel ServedModel::make(std::shared_ptr<const Model> model, Tokenizer toke
   return m;
 }
 
+// A checkpoint without a chat template (a base model, like the embedded
+// one) has no way of its own to see tools, tool calls or tool results: the
+// tools are described in the system message, calls and results written as
+// text, in the Hermes style the tool-call parser reads back.
+static ojson plain_tool_messages(const ojson& messages, const ojson& tools) {
+  ojson out = ojson::array();
+  if (!tools.empty()) {
+    std::string text = "You may call one or more functions. The functions are in <tools></tools>:\n<tools>\n";
+    for (const auto& t : tools) text += t.dump() + "\n";
+    text += "</tools>\nTo call one, answer with <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call>.";
+    if (!messages.empty() && messages[0].value("role", "") == "system" && messages[0].contains("content") &&
+        messages[0]["content"].is_string())
+      text = messages[0]["content"].get<std::string>() + "\n\n" + text;
+    out.push_back({{"role", "system"}, {"content", text}});
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ojson& msg = messages[i];
+    if (i == 0 && !tools.empty() && msg.value("role", "") == "system" && msg.contains("content") &&
+        msg["content"].is_string())
+      continue;  // merged above
+    const std::string role = msg.value("role", "");
+    const std::string content = msg.contains("content") && msg["content"].is_string() ? msg["content"].get<std::string>() : "";
+    if (role == "tool") {
+      out.push_back({{"role", "user"}, {"content", "<tool_response>\n" + content + "\n</tool_response>"}});
+    } else if (role == "assistant" && msg.contains("tool_calls") && msg["tool_calls"].is_array()) {
+      std::string text = content;
+      for (const auto& c : msg["tool_calls"]) {
+        const ojson f = c.contains("function") ? c["function"] : c;
+        ojson call = {{"name", f.value("name", "")}, {"arguments", f.contains("arguments") ? f["arguments"] : ojson::object()}};
+        if (call["arguments"].is_string()) {
+          try {
+            call["arguments"] = ojson::parse(call["arguments"].get<std::string>());
+          } catch (const std::exception&) {
+          }
+        }
+        text += (text.empty() ? "" : "\n") + std::string("<tool_call>") + call.dump() + "</tool_call>";
+      }
+      out.push_back({{"role", "assistant"}, {"content", text}});
+    } else {
+      out.push_back(msg);
+    }
+  }
+  return out;
+}
+
 std::string render_chat(const ServedModel& m, const ojson& messages, const ojson& tools, bool add_generation_prompt) {
   try {
+    if (m.dir.empty() || !chat::ChatTemplate::from_model_dir(m.dir))
+      return chat::render_conversation(m.dir, *m.model, m.tokenizer, plain_tool_messages(messages, tools),
+                                       ojson::array(), add_generation_prompt);
     return chat::render_conversation(m.dir, *m.model, m.tokenizer, messages, tools, add_generation_prompt);
   } catch (const std::exception& e) {
     // A template that raises (raise_exception, a message it cannot render)

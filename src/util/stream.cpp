@@ -24,10 +24,11 @@ void Stream::set_tuning(const Tuning& t) {
 
 void Stream::submit(std::function<void()> fn) { backend_->submit(std::move(fn), recording_); }
 
-void Stream::begin_record() {
+void Stream::begin_record(int slot) {
   if (recording_) fail("stream", "begin_record while already recording");
-  discard_recording();
-  backend_->begin_record();
+  if (slot < 0) fail("stream", "negative recording slot {}", slot);
+  backend_->discard_recording(slot);
+  backend_->begin_record(slot);
   recording_ = true;
 }
 
@@ -38,13 +39,13 @@ void Stream::end_record() {
   backend_->end_record();
 }
 
-bool Stream::has_recording() const { return backend_->has_recording(); }
-void Stream::discard_recording() { backend_->discard_recording(); }
-size_t Stream::recorded_ops() const { return backend_->recorded_ops(); }
+bool Stream::has_recording(int slot) const { return backend_->has_recording(slot); }
+void Stream::discard_recording() { backend_->discard_recording(-1); }
+size_t Stream::recorded_ops(int slot) const { return backend_->recorded_ops(slot); }
 
-void Stream::replay() {
-  if (!has_recording()) fail("stream", "replay without a recorded step");
-  backend_->replay();
+void Stream::replay(int slot) {
+  if (!has_recording(slot)) fail("stream", "replay without a recorded step (slot {})", slot);
+  backend_->replay(slot);
 }
 
 void Stream::reserve_reads(int n) {

@@ -360,6 +360,8 @@ TEST(CliErrors, NumericFlagsOutOfRangeNameTheFlag) {
   expect_usage_error(run_cli(g + "--max-tokens 0"), "--max-tokens 0");
   expect_usage_error(run_cli(g + "--capacity -3"), "--capacity -3");
   expect_usage_error(run_cli(g + "--kv-dtype f8"), "--kv-dtype f8");
+  expect_usage_error(run_cli(g + "--v-dtype int3"), "--v-dtype int3: expected f32, bf16, f16, int8, int4 or fp8");
+  expect_usage_error(run_cli(g + "--kv-dtype int8 --kv-group 128"), "--kv-group 128: expected 32 or 64");
   expect_usage_error(run_cli("bench" + m + " --prompt -1"), "--prompt -1");
   expect_usage_error(run_cli("bench" + m + " --new-tokens 0"), "--new-tokens 0");
   expect_usage_error(run_cli("bench" + m + " --prompt 2000000000 --new-tokens 2000000000"), "--prompt 2000000000");
@@ -417,6 +419,11 @@ TEST(CliErrors, BadTokenIdsAndFlags) {
   expect_one_line_error(run_cli("generate" + m + " --prompt-ids 1,x,3"), "\"x\" is not a token id");
   expect_one_line_error(run_cli("generate" + m + " --prompt-ids 1,999"), "token id 999 out of range");
   expect_one_line_error(run_cli("generate" + m + " --prompt-ids 1 --kv-dtype f8"), "--kv-dtype f8");
+  // A KV format the model's head_dim (16) cannot take: refused before the weights load.
+  expect_one_line_error(run_cli("generate" + m + " --prompt-ids 1 --kv-dtype int4"),
+                        "--kv-dtype int4 g64 does not fit this model: group 64 does not divide head_dim 16");
+  expect_one_line_error(run_cli("inspect" + m + " --k-dtype int8 --kv-group 32"),
+                        "--k-dtype int8 g32 does not fit this model: group 32 does not divide head_dim 16");
   expect_one_line_error(run_cli("generate --model synthetic:nope --prompt-ids 1"), "unknown synthetic model");
   expect_one_line_error(run_cli("score" + m + " --ids /nonexistent/ids.txt"), "cannot open");
 }
@@ -459,6 +466,23 @@ TEST(Cli, ChatKeepsTheCacheBetweenTurns) {
   EXPECT_LT(turns[1].first, turns[1].second - turns[0].second + 2);  // only the new turn's tokens
   EXPECT_GT(turns[1].second, turns[0].second);
   EXPECT_GT(slurp(out).size(), 10u);
+}
+
+// The quantized KV bytes are what bench counts in its floor, and each row
+// names its kv_dtype; --no-prefill decodes after positions taken as filled.
+TEST(Cli, BenchCountsQuantizedKvBytesAndNamesTheFormat) {
+  RunResult bf = run_cli("bench --prompt 32 --new-tokens 4 --json -q --kv-dtype bf16");
+  RunResult q4 = run_cli("bench --prompt 32 --new-tokens 4 --json -q --kv-dtype int4 --no-prefill");
+  ASSERT_EQ(bf.exit_code, 0) << bf.err;
+  ASSERT_EQ(q4.exit_code, 0) << q4.err;
+  auto a = nlohmann::json::parse(bf.out), b = nlohmann::json::parse(q4.out);
+  EXPECT_EQ(a["kv_dtype"], "bf16");
+  EXPECT_EQ(b["kv_dtype"], "int4 g64");
+  // The default model: head_dim 64, one group of 64: a K or V row is 32 + 4 bytes against 128.
+  EXPECT_NEAR(b["kv_bytes_per_token_avg"].get<double>() / a["kv_bytes_per_token_avg"].get<double>(), 36.0 / 128, 1e-12);
+  EXPECT_TRUE(b["prefill_tok_s"].is_null());
+  EXPECT_TRUE(b["context_filled_without_prefill"].get<bool>());
+  EXPECT_FALSE(a["prefill_tok_s"].is_null());
 }
 
 // On the CPU the embedded model sits in the last-level cache: a DRAM floor

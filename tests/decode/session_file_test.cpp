@@ -93,10 +93,18 @@ TEST_P(SessionFileFamilies, ForkIsIndependentAndContinuesLikeTheOriginal) {
   EXPECT_EQ(future(a, 10), future(twin2, 10)) << "the original after its forks were used";
 }
 
-TEST_P(SessionFileFamilies, SaveRestoreContinuesBitwiseInF32AndBf16) {
+// Every KV format the family's head_dim takes (mistral, llama, qwen2: 16,
+// so plain and fp8; gemma3: 32, so int8 / int4 groups of 32 too), K and V alike
+// or mixed.
+TEST_P(SessionFileFamilies, SaveRestoreContinuesBitwiseInEveryStorage) {
   const std::string family = GetParam();
   TempDir dir;
-  for (DType storage : {DType::F32, DType::BF16}) {
+  const KvFormat i8{KvType::Int8, 32}, i4{KvType::Int4, 32}, fp8{KvType::Fp8};
+  for (KvStorage storage : {KvStorage(DType::F32), KvStorage(DType::BF16), KvStorage(DType::F16), KvStorage(i8),
+                            KvStorage(i4), KvStorage(fp8), KvStorage{i8, i4}, KvStorage{fp8, DType::BF16}}) {
+    if (!kv_format_problem(storage.k, fixture(family)->config().head_dim).empty() ||
+        !kv_format_problem(storage.v, fixture(family)->config().head_dim).empty())
+      continue;
     SessionOptions so{.capacity = 160, .max_write = 4, .kv_storage = storage};
     Session a(fixture(family), so);
     warm(a, family, 45);
@@ -111,7 +119,10 @@ TEST_P(SessionFileFamilies, SaveRestoreContinuesBitwiseInF32AndBf16) {
     b.restore(path);
     EXPECT_EQ(b.tokens(), a.tokens());
     EXPECT_EQ(b.pending(), a.pending());
-    EXPECT_EQ(future(b, 12), future(a, 12)) << dtype_name(storage);
+    EXPECT_EQ(future(b, 12), future(a, 12)) << kv_storage_name(storage);
+    // A fork of the restored session continues like it too.
+    auto f = b.fork();
+    EXPECT_EQ(future(*f, 6), future(b, 6)) << kv_storage_name(storage);
   }
 }
 
@@ -169,10 +180,15 @@ TEST(SessionFile, EveryCorruptionIsRefusedAndTheSessionIsUntouched) {
     c[i] ^= 0x10;
     expect_refused(c, "bit flipped at " + std::to_string(i));
   }
-  // Another format version (the version word follows the 8-byte magic).
-  std::string v2 = bytes;
-  v2[8] = 2;
-  expect_refused(v2, "version 2", "format version 2 is not supported");
+  // Another format version (the version word follows the 8-byte magic); a
+  // version 2 file labelled version 1 has per-layer formats the reader of
+  // version 1 does not expect.
+  std::string v3 = bytes;
+  v3[8] = 3;
+  expect_refused(v3, "version 3", "format version 3 is not supported");
+  std::string v1 = bytes;
+  v1[8] = 1;
+  expect_refused(v1, "version 2 bytes as version 1");
   expect_refused(std::string("GGUF") + bytes.substr(4), "another magic", "not a kvgraph session file");
   // Another model, another storage dtype, another layout (max_write).
   Session other(fixture("qwen3"), {.capacity = 96, .max_write = 4});
@@ -183,6 +199,10 @@ TEST(SessionFile, EveryCorruptionIsRefusedAndTheSessionIsUntouched) {
   bf16.prefill(std::vector<int32_t>{1, 2, 3});
   bf16.save(dir.path() / "bf16.kvs");
   expect_refused(slurp(dir.path() / "bf16.kvs"), "bf16 storage", "holds a bf16 cache; this session stores f32");
+  Session int4(fixture(family), {.capacity = 96, .max_write = 4, .kv_storage = KvFormat{KvType::Int4, 32}});
+  int4.prefill(std::vector<int32_t>{1, 2, 3});
+  int4.save(dir.path() / "int4.kvs");
+  expect_refused(slurp(dir.path() / "int4.kvs"), "int4 storage", "holds a int4 g32 cache; this session stores f32");
   Session mw8(fixture(family), {.capacity = 96, .max_write = 8});
   mw8.prefill(std::vector<int32_t>{1, 2, 3});
   mw8.save(dir.path() / "mw8.kvs");
@@ -197,4 +217,66 @@ TEST(SessionFile, EveryCorruptionIsRefusedAndTheSessionIsUntouched) {
   s.sampling() = src.sampling();  // settings are not part of the file
   EXPECT_EQ(s.tokens(), src.tokens());
   EXPECT_EQ(future(s, 6), future(src, 6));
+}
+
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// The same session in the version 1 layout (before per-layer K/V formats):
+// the header section without the formats, version word 1. Only for plain
+// storage, which is all version 1 had.
+std::string as_version_1(const std::string& v2) {
+  std::string out = v2.substr(0, 12);
+  out[8] = 1;
+  size_t at = 12;
+  uint32_t tag = 0;
+  uint64_t size = 0;
+  std::memcpy(&tag, v2.data() + at, 4);
+  std::memcpy(&size, v2.data() + at + 4, 8);
+  const std::string head = v2.substr(at + 12, size);
+  at += 12 + size + 8;
+  // fingerprint u64, vocab i32, storage string, max_write i32, n_layers u32, then the layers.
+  size_t p = 12;
+  uint32_t len = 0;
+  std::memcpy(&len, head.data() + p, 4);
+  p += 4 + len + 4;
+  uint32_t n_layers = 0;
+  std::memcpy(&n_layers, head.data() + p, 4);
+  p += 4;
+  std::string h1 = head.substr(0, p);
+  for (uint32_t l = 0; l < n_layers; ++l) {
+    h1 += head.substr(p, 1 + 6 * 4);  // ring u8, six i32
+    p += 1 + 6 * 4 + 2 * 5;           // then K and V formats: u8 + i32 each
+  }
+  EXPECT_EQ(p, head.size());
+  const uint64_t n = h1.size(), sum = fnv1a(h1);
+  out.append(reinterpret_cast<const char*>(&tag), 4);
+  out.append(reinterpret_cast<const char*>(&n), 8);
+  out += h1;
+  out.append(reinterpret_cast<const char*>(&sum), 8);
+  return out + v2.substr(at);
+}
+
+}  // namespace
+
+// Files written before the K/V formats were recorded (version 1) still restore.
+TEST(SessionFile, Version1FilesStillRestore) {
+  TempDir dir;
+  const std::string family = "gemma3";
+  for (DType storage : {DType::F32, DType::BF16}) {
+    SessionOptions so{.capacity = 96, .max_write = 4, .kv_storage = storage};
+    Session a(fixture(family), so), b(fixture(family), so);
+    warm(a, family, 30);
+    a.save(dir.path() / "v2.kvs");
+    write(dir.path() / "v1.kvs", as_version_1(slurp(dir.path() / "v2.kvs")));
+    b.sampling() = seeded(7);
+    b.restore(dir.path() / "v1.kvs");
+    EXPECT_EQ(b.tokens(), a.tokens());
+    EXPECT_EQ(future(b, 8), future(a, 8)) << dtype_name(storage);
+  }
 }

@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "chat/jinja.h"
 #include "kvgraph/error.h"
 #include "kvgraph/model_config.h"
 #include "kvgraph/safetensors.h"
@@ -64,6 +65,27 @@ TEST(FuzzRegressions, ModelConfigInputsFailCleanly) {
   const auto inputs = regressions("model_config");
   ASSERT_FALSE(inputs.empty());
   for (const fs::path& p : inputs) expect_error_or_success(p, [&] { (void)load_model_config(p); });
+}
+
+TEST(FuzzRegressions, ChatTemplateInputsFailCleanly) {
+  const auto inputs = regressions("chat_template");
+  ASSERT_FALSE(inputs.empty());
+  for (const fs::path& p : inputs) {
+    // chat_template_fuzz.cpp's layout: TEMPLATE [ '\0' CONTEXT_JSON ].
+    const std::string bytes = read_file(p);
+    const std::string source = bytes.substr(0, bytes.find('\0'));
+    expect_error_or_success(p, [&] {
+      (void)chat::jinja::Template::parse(source).render({{"messages", nlohmann::ordered_json::array()}});
+    });
+  }
+}
+
+// The first chat_template crash: a namespace holding itself, printed, recursed
+// without end. Python prints the inner one as {...}; so does kvgraph.
+TEST(FuzzRegressions, ANamespaceHoldingItselfPrintsAsPythonPrintsIt) {
+  EXPECT_EQ(chat::jinja::Template::parse("{% set t = namespace(a=1) %}{% set t.b = t %}{{ t }}")
+                .render(nlohmann::ordered_json::object()),
+            "<Namespace {'a': 1, 'b': <Namespace {...}>}>");
 }
 
 TEST(FuzzRegressions, TokenizerInputsFailCleanly) {

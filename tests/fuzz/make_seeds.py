@@ -11,6 +11,10 @@ real files in tests/fixtures and models/default, kept small:
 - tokenizer: every tokenizer.json with its vocabulary cut to the first 320 ids
   (merges kept when both parts and the result survive), once alone and once as
   JSON \\0 TEXT \\0 tokenizer_config.json (the layout tokenizer_fuzz.cpp reads).
+- chat_template: every template of tests/fixtures/chat_templates, alone and as
+  TEMPLATE \\0 CONTEXT_JSON with a conversation of tests/chat/conversations.json
+  (the layout chat_template_fuzz.cpp reads), and the construct snippets of
+  tests/chat/snippets.json.
 
 Run from the repository root: python3 tests/fuzz/make_seeds.py
 """
@@ -126,8 +130,22 @@ def tokenizer_seeds():
         out("tokenizer", name + "_with_text_and_config", text + "\0" + TEXT + "\0" + cfg)
 
 
+def chat_template_seeds():
+    conversations = json.load(open(os.path.join(ROOT, "tests/chat/conversations.json"), encoding="utf-8"))
+    with_tools = [c for c in conversations if c["name"] == "tools_call_and_result"][0]["context"]
+    for path in sorted(glob.glob(os.path.join(ROOT, "tests/fixtures/chat_templates/*.jinja"))):
+        name = os.path.basename(path)[:-len(".jinja")]
+        source = open(path, encoding="utf-8").read()
+        out("chat_template", name, source)
+        out("chat_template", name + "_with_tools", source + "\0" + json.dumps(with_tools, ensure_ascii=False))
+    snippets = json.load(open(os.path.join(ROOT, "tests/chat/snippets.json"), encoding="utf-8"))
+    for i, s in enumerate(snippets):
+        out("chat_template", "snippet_%03d" % i, s["template"] + "\0" + json.dumps(s.get("context", {}), ensure_ascii=False))
+
+
 if __name__ == "__main__":
     shutil.rmtree(CORPUS, ignore_errors=True)
     safetensors_seeds()
     config_seeds()
     tokenizer_seeds()
+    chat_template_seeds()

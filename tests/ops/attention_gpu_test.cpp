@@ -168,7 +168,7 @@ class Runner {
     DeviceBuffer dout(size_t(T) * Hq * D * 4);
     p.k_pool = k_pool_.data();
     p.v_pool = v_pool_.data();
-    p.storage = c_.storage;
+    p.k_format = p.v_format = c_.storage;
     p.out = dout.as<float>();
     p.pos = pos_.as<int32_t>();
     p.rule = SlotRule{pool_, c_.window};
@@ -514,7 +514,7 @@ TEST_P(CudaAttentionGraph, OneCapturedDecodeStepReplaysAtEveryPosition) {
     p.q_stride = p.k_stride = p.v_stride = row;
     p.k_pool = tw.k_pool.data();
     p.v_pool = tw.v_pool.data();
-    p.storage = st;
+    p.k_format = p.v_format = st;
     p.out = tw.out.as<float>();
     p.pos = tw.pos.as<int32_t>();
     p.rule = rule;

@@ -8,7 +8,7 @@
 
 #include <gtest/gtest.h>
 
-#include "server/chat_template_adapter.h"  // TEMPORARY: chat/chat_template.h once the jinja branch is merged
+#include "chat/chat_template.h"
 #include "support/test_server.h"
 
 using namespace kvgraph;

@@ -9,9 +9,11 @@
 // run, never baked in, so a recorded step replays correctly at any position.
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kvgraph/cache/kv_format.h"
 #include "kvgraph/cache/plan.h"
 #include "kvgraph/stream.h"
 #include "kvgraph/tensor.h"
@@ -23,11 +25,14 @@ struct LayerSpec {
   int n_heads = 0;     // query heads
   int n_kv_heads = 0;  // must divide n_heads (GQA)
   int head_dim = 0;
+  std::optional<KvStorage> storage = std::nullopt;  // this layer's K and V formats; unset: CacheConfig::storage
 };
 
 struct CacheConfig {
   std::vector<LayerSpec> layers;
-  DType storage = DType::F32;  // f32, bf16 or f16
+  // K and V formats of every layer without its own (kv_format.h): f32, bf16,
+  // f16, int8 / int4 affine groups, fp8; a DType sets both K and V.
+  KvStorage storage = DType::F32;
   Device device = Device::CPU;
 };
 
@@ -56,8 +61,10 @@ class SequenceCache {
   int32_t capacity() const;
   // Largest step the cache accepts (min max_write over ring layers / capacity).
   int32_t max_write() const;
-  size_t bytes() const;                 // all pools
-  size_t bytes_per_token(int layer) const;  // K+V bytes of one row of one layer
+  // The K and V formats of a layer.
+  const KvStorage& storage(int layer) const { return storage_.at(layer); }
+  size_t bytes() const;                 // all pools (codes and their scales)
+  size_t bytes_per_token(int layer) const;  // K+V bytes of one token of one layer, all KV heads, scales included
 
   // The one room check: throws CacheFull, before anything is written, when
   // n more tokens do not fit after the committed length.
@@ -101,7 +108,7 @@ class SequenceCache {
   // back by restore_rings. Flat layers are not copied: a rollback never
   // needs their rows past the kept length.
   struct RingSnapshot {
-    std::vector<Tensor> k, v;  // per layer; undefined for flat layers
+    std::vector<Tensor> k, v, k_aux, v_aux;  // per layer; undefined for flat layers (and aux of plain formats)
     int32_t length = 0, written = 0;
   };
   void snapshot_rings(Stream& stream, RingSnapshot& snap) const;
@@ -109,7 +116,8 @@ class SequenceCache {
 
   // Serialisation of one layer's resident rows as stored: flat layers the
   // positions [0, length) of each KV head, ring layers the whole pool; K
-  // then V. layer_state_bytes says how many bytes that is now.
+  // codes, K aux (quantized formats), V codes, V aux, each head after head.
+  // layer_state_bytes says how many bytes that is now.
   size_t layer_state_bytes(int layer) const;
   void export_layer(int layer, std::byte* out) const;
   // The inverse, for a cache whose length and written mark are then set by
@@ -122,13 +130,23 @@ class SequenceCache {
 
   // Which distinct policy (index into a CacheStep's plans) a layer uses.
   int policy_index(int layer) const { return policy_of_layer_.at(layer); }
-  // Raw pools (for the op backends and tests): storage [n_kv_heads, pool, head_dim].
+  // Raw pools (for the op backends and tests), kv_format.h: the codes,
+  // dtype [n_kv_heads, pool, head_dim] for plain formats, u8 [n_kv_heads,
+  // pool, code_bytes] for quantized ones; their aux (scales, biases), u8
+  // [n_kv_heads, pool, aux_bytes], undefined for plain formats.
   const Tensor& k_pool(int layer) const { return k_.at(layer); }
   const Tensor& v_pool(int layer) const { return v_.at(layer); }
+  const Tensor& k_aux(int layer) const { return k_aux_.at(layer); }
+  const Tensor& v_aux(int layer) const { return v_aux_.at(layer); }
 
  private:
+  // The pools of a layer in serialisation order: K codes, K aux, V codes, V aux (defined ones).
+  std::vector<const Tensor*> layer_pools(int layer) const;
+
   CacheConfig config_;
-  std::vector<Tensor> k_, v_;
+  std::vector<KvStorage> storage_;     // per layer
+  std::vector<Tensor> k_, v_;          // codes
+  std::vector<Tensor> k_aux_, v_aux_;  // scales (and biases); undefined for plain formats
   std::vector<CachePolicy> policies_;  // distinct policies
   std::vector<int> policy_of_layer_;   // index into policies_
   std::vector<StepPlan> plans_;        // CPU: per distinct policy, written by the step's plan op

@@ -1,11 +1,12 @@
 // kvgraph chat: an interactive conversation that keeps the KV cache between
-// turns (each turn prefills only its own new tokens).
+// turns. Each turn renders the whole conversation with the checkpoint's chat
+// template (or the per-family format when it has none, chat/chat_format.h)
+// and prefills only what differs from what the cache holds.
 //
-// The conversation is a list of turns (the user's message, the reply's ids).
+// The conversation is a list of turns (the user's message, the reply's text).
 // A message that does not fit what the cache has left makes room by dropping
-// the oldest turns (the system prompt stays) and prefilling what is kept
-// again; the user's input is never dropped. Ctrl-C stops the reply being
-// written, not the program.
+// the oldest turns (the system prompt stays); the user's input is never
+// dropped. Ctrl-C stops the reply being written, not the program.
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -19,6 +20,10 @@
 
 #include <fmt/format.h>
 
+#include <nlohmann/json.hpp>
+
+#include "chat/chat_format.h"
+#include "chat/chat_template.h"
 #include "cli/common.h"
 #include "kvgraph/error.h"
 
@@ -26,114 +31,65 @@ namespace kvgraph::cli {
 
 namespace {
 
-// Per-family chat formats (as the families' chat templates render them).
-struct ChatFormat {
-  std::string name = "";
-  std::string system_prefix = "", system_suffix = "";  // around the system prompt, before the first user turn
-  bool system_in_user = false;  // no system role: the system prompt opens the first user message
-  std::string user_prefix = "", user_suffix = "";  // user_suffix opens the assistant turn
-  std::string end_of_turn = "";    // token text that ends the assistant turn
-  std::string between_turns = "";  // text after an ended turn, before the next user turn
-};
-
-ChatFormat chat_format(const Model& m, const Tokenizer& tok) {
-  auto has = [&](const char* t) { return tok.token_to_id(t).has_value(); };
-  if (has("<|start_header_id|>"))
-    return {.name = "llama3",
-            .system_prefix = "<|start_header_id|>system<|end_header_id|>\n\n",
-            .system_suffix = "<|eot_id|>",
-            .user_prefix = "<|start_header_id|>user<|end_header_id|>\n\n",
-            .user_suffix = "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
-            .end_of_turn = "<|eot_id|>"};
-  if (has("<|im_start|>"))
-    return {.name = "chatml",
-            .system_prefix = "<|im_start|>system\n",
-            .system_suffix = "<|im_end|>\n",
-            .user_prefix = "<|im_start|>user\n",
-            .user_suffix = "<|im_end|>\n<|im_start|>assistant\n",
-            .end_of_turn = "<|im_end|>",
-            .between_turns = "\n"};
-  if (has("<start_of_turn>"))
-    return {.name = "gemma",
-            .system_in_user = true,
-            .user_prefix = "<start_of_turn>user\n",
-            .user_suffix = "<end_of_turn>\n<start_of_turn>model\n",
-            .end_of_turn = "<end_of_turn>",
-            .between_turns = "\n"};
-  if (has("[INST]") || m.config().family == Family::Mistral)
-    return {.name = "mistral", .system_in_user = true, .user_prefix = "[INST] ", .user_suffix = " [/INST]",
-            .end_of_turn = "</s>"};
-  // A base model: the user text is continued; the system prompt is its own
-  // paragraph and each message starts on a new line.
-  return {.name = "plain", .system_suffix = "\n\n", .between_turns = "\n"};
-}
-
-// The conversation as the cache should hold it: the chat format's text for
-// each user message, and each reply's ids as sampled. The cache holds
-// ids()[0, position); the rest (the last sampled token, an end of turn we
-// appended) goes in first with the next message.
+// The conversation beside the cache: the system prompt and each turn's
+// message and reply text. Every turn renders all of it with the chat
+// template (or the per-family format) and encodes the text; the session
+// keeps the longest common prefix of those ids with what it holds, so only
+// the new tail is prefilled.
 class Conversation {
  public:
   struct Turn {
-    std::string message;         // as typed
-    std::vector<int32_t> user;   // its ids as they stand in the conversation (first turn: BOS, system prompt)
-    std::vector<int32_t> reply;  // then the end token sampled, or the format's end of turn when the reply was cut
+    std::string message;  // as typed
+    std::string reply;    // the reply's text (cut at a stop string; what was written before a Ctrl-C)
   };
 
-  Conversation(const Tokenizer& tok, ChatFormat format, std::string system)
-      : tok_(tok), fmt_(std::move(format)), system_(std::move(system)) {}
+  Conversation(const Model& model, const Tokenizer& tok, std::optional<chat::ChatTemplate> tmpl, std::string system,
+               nlohmann::ordered_json vars)
+      : model_(model), tok_(tok), tmpl_(std::move(tmpl)), system_(std::move(system)), vars_(std::move(vars)) {}
 
-  const ChatFormat& format() const { return fmt_; }
   std::vector<Turn>& turns() { return turns_; }
+  std::string describe() const {
+    return tmpl_ ? "chat template from " + tmpl_->origin() : chat::chat_format(model_, tok_).name + " format";
+  }
 
-  // The ids of `message` as the first turn (BOS, the system prompt) or as a later one.
-  std::vector<int32_t> user_ids(const std::string& message, bool first) const {
+  // The ids of turns [from, end) followed by `message`, ready for the reply.
+  std::vector<int32_t> ids(size_t from, const std::string& message) {
+    nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+    const bool fold = !system_.empty() && fold_system_;
+    if (!system_.empty() && !fold) messages.push_back({{"role", "system"}, {"content", system_}});
+    bool first = true;
+    auto user = [&](const std::string& text) {
+      messages.push_back({{"role", "user"}, {"content", first && fold ? system_ + "\n\n" + text : text}});
+      first = false;
+    };
+    for (size_t i = from; i < turns_.size(); ++i) {
+      user(turns_[i].message);
+      messages.push_back({{"role", "assistant"}, {"content", turns_[i].reply}});
+    }
+    user(message);
     std::string text;
-    if (!first) {
-      text = fmt_.between_turns + fmt_.user_prefix + message + fmt_.user_suffix;
-    } else if (system_.empty()) {
-      text = fmt_.user_prefix + message + fmt_.user_suffix;
-    } else if (fmt_.system_in_user) {
-      text = fmt_.user_prefix + system_ + "\n\n" + message + fmt_.user_suffix;
-    } else {
-      text = fmt_.system_prefix + system_ + fmt_.system_suffix + fmt_.user_prefix + message + fmt_.user_suffix;
+    try {
+      text = chat::render_conversation(tmpl_ ? &*tmpl_ : nullptr, model_.dir(), model_, tok_, messages, nullptr, true,
+                                       vars_);
+    } catch (const chat::jinja::TemplateError&) {
+      // Templates without a system role (Gemma's) refuse one: the system
+      // prompt then opens the first user message, as the per-family format does.
+      if (system_.empty() || fold_system_) throw;
+      fold_system_ = true;
+      fmt::print(stderr, "[kvgraph] the chat template refuses a system message: the system prompt opens the first "
+                         "user message instead\n");
+      return ids(from, message);
     }
-    std::vector<int32_t> ids;
-    if (first) ids.assign(tok_.prefix_special_ids().begin(), tok_.prefix_special_ids().end());
-    auto enc = tok_.encode(text, false);
-    ids.insert(ids.end(), enc.begin(), enc.end());
-    return ids;
-  }
-
-  // Tokens of turns [from, end) with turn `from` rendered as the first.
-  int64_t length_from(size_t from) const {
-    int64_t n = 0;
-    for (size_t i = from; i < turns_.size(); ++i)
-      n += static_cast<int64_t>(i == from && from > 0 ? user_ids(turns_[i].message, true).size()
-                                                      : turns_[i].user.size()) +
-           static_cast<int64_t>(turns_[i].reply.size());
-    return n;
-  }
-
-  // Forgets turns [0, n); the first one left becomes the first turn.
-  void drop_oldest(size_t n) {
-    turns_.erase(turns_.begin(), turns_.begin() + static_cast<std::ptrdiff_t>(n));
-    if (!turns_.empty()) turns_.front().user = user_ids(turns_.front().message, true);
-  }
-
-  std::vector<int32_t> ids() const {
-    std::vector<int32_t> all;
-    for (const auto& t : turns_) {
-      all.insert(all.end(), t.user.begin(), t.user.end());
-      all.insert(all.end(), t.reply.begin(), t.reply.end());
-    }
-    return all;
+    return chat::encode_conversation(tok_, text);
   }
 
  private:
+  const Model& model_;
   const Tokenizer& tok_;
-  ChatFormat fmt_;
+  std::optional<chat::ChatTemplate> tmpl_;
   std::string system_;
+  nlohmann::ordered_json vars_;
+  bool fold_system_ = false;
   std::vector<Turn> turns_;
 };
 
@@ -230,17 +186,51 @@ struct ChatFlags {
   uint64_t seed = 0;
   bool seed_given = false;  // else a random seed, reported on stderr
   std::vector<std::string> stop;
+  std::string prompt_cache;                // --prompt-cache FILE
+  std::string template_file;               // --template FILE
+  std::string template_name;               // --template-name NAME
+  std::vector<std::string> template_vars;  // --template-var KEY=VALUE
 };
+
+// --template-var KEY=VALUE: VALUE as JSON when it parses (false, 3, "x",
+// [..]), else as a string.
+nlohmann::ordered_json template_vars(const std::vector<std::string>& specs) {
+  nlohmann::ordered_json vars = nlohmann::ordered_json::object();
+  for (const std::string& spec : specs) {
+    const size_t eq = spec.find('=');
+    if (eq == 0 || eq == std::string::npos) usage_fail("--template-var {}: expected KEY=VALUE", spec);
+    const std::string value = spec.substr(eq + 1);
+    nlohmann::ordered_json v = nlohmann::ordered_json::parse(value, nullptr, false);
+    vars[spec.substr(0, eq)] = v.is_discarded() ? nlohmann::ordered_json(value) : v;
+  }
+  return vars;
+}
+
+// The template --template or --template-name asks for, else the checkpoint's own.
+std::optional<chat::ChatTemplate> chat_template(const ChatFlags& f, const Model& model) {
+  if (!f.template_file.empty())
+    return chat::ChatTemplate::parse(read_file(f.template_file, "--template"), f.template_file,
+                                     model.dir().empty() ? nlohmann::ordered_json::object()
+                                                         : chat::special_tokens(model.dir()));
+  if (model.dir().empty()) {
+    if (!f.template_name.empty()) fail("chat", "--template-name {}: this model has no files to read templates from",
+                                       f.template_name);
+    return std::nullopt;
+  }
+  return chat::ChatTemplate::from_model_dir(model.dir(), f.template_name.empty() ? "default" : f.template_name);
+}
 
 void run_chat(const ChatFlags& f) {
   f.m.check();
   check_at_least("--max-tokens", f.max_tokens, 1);
+  if (!f.template_file.empty() && !f.template_name.empty()) usage_fail("give --template or --template-name, not both");
+  const nlohmann::ordered_json vars = template_vars(f.template_vars);
   const uint64_t seed = f.seed_given ? f.seed : std::random_device{}();
   const ops::SamplingParams sampling{f.temperature, f.top_k, f.top_p, f.repeat_penalty, seed};
   check_sampling_flags(sampling);
   auto model = load_model(f.m);
   auto tok = *load_tokenizer(*model, true);
-  Conversation conv(tok, chat_format(*model, tok), f.system);
+  Conversation conv(*model, tok, chat_template(f, *model), f.system, vars);
   SessionOptions so;
   so.capacity = f.m.capacity > 0 ? f.m.capacity : std::min(4096, std::max(256, model->config().max_position_embeddings));
   so.max_write = f.m.chunk;
@@ -248,19 +238,25 @@ void run_chat(const ChatFlags& f) {
   so.tuning = f.m.tuning();
   so.kv_storage = f.m.kv_storage(model->device());
   Session s(model, so);
+  // --prompt-cache: a session saved by an earlier chat (or cache-prompt);
+  // its common prefix with the first turn is kept. A file of another model
+  // or layout is an error, as in generate.
+  if (!f.prompt_cache.empty() && std::filesystem::exists(f.prompt_cache)) {
+    s.restore(f.prompt_cache);
+    if (!f.m.quiet)
+      fmt::print(stderr, "[kvgraph] prompt cache {}: restored {} tokens\n", f.prompt_cache, s.position());
+  }
   s.sampling() = sampling;
   const int64_t capacity = s.capacity();
   GenerateOptions go;
   go.max_tokens = f.max_tokens;
   go.stop = f.stop;
   go.cancel = &g_interrupted;
-  std::optional<int32_t> end_of_turn;
-  if (!conv.format().end_of_turn.empty()) end_of_turn = tok.token_to_id(conv.format().end_of_turn);
-  if (end_of_turn) go.extra_eos.push_back(*end_of_turn);
+  go.extra_eos = chat::end_of_turn_ids(*model, tok);
 
   if (!f.m.quiet) {
-    fmt::print(stderr, "[kvgraph] chat ({} format, cache {} tokens): /help lists the commands, Ctrl-D or /exit ends\n",
-               conv.format().name, capacity);
+    fmt::print(stderr, "[kvgraph] chat ({}, cache {} tokens): /help lists the commands, Ctrl-D or /exit ends\n",
+               conv.describe(), capacity);
     if (!f.seed_given) fmt::print(stderr, "[kvgraph] seed {} (--seed {} repeats this chat)\n", seed, seed);
   }
   SigintToFlag sigint;
@@ -271,68 +267,77 @@ void run_chat(const ChatFlags& f) {
   };
   // Sends one message and shows the reply.
   auto send = [&](const std::string& message) {
-    // Make room: the cache must hold the conversation, the message and one
-    // reply token. When it cannot, drop the oldest turns; having to prefill
-    // again anyway, drop enough for a whole reply when that is possible.
     auto& turns = conv.turns();
-    std::vector<int32_t> user = conv.user_ids(message, turns.empty());
-    size_t drop = 0;
-    if (conv.length_from(0) + static_cast<int64_t>(user.size()) + 1 > capacity) {
-      std::optional<size_t> fits, fits_reply;
-      for (size_t k = 1; k <= turns.size() && !fits_reply; ++k) {
-        const int64_t n = conv.length_from(k) + static_cast<int64_t>(conv.user_ids(message, k == turns.size()).size());
-        if (!fits && n + 1 <= capacity) fits = k;
-        if (n + f.max_tokens <= capacity) fits_reply = k;
-      }
-      if (!fits) {
-        const int64_t alone = static_cast<int64_t>(conv.user_ids(message, true).size());
-        const int64_t frame = static_cast<int64_t>(conv.user_ids("", true).size());
-        fmt::print(stderr,
-                   "kvgraph: error: [chat] message of {} tokens does not fit the cache of {}: with the system prompt "
-                   "and chat format ({} tokens) and one reply token it needs {} (raise --capacity); not sent, the "
-                   "conversation is kept\n",
-                   alone - frame, capacity, frame, alone + 1);
-        return;
-      }
-      drop = fits_reply ? *fits_reply : *fits;
-    }
     std::vector<int32_t> ids;
+    size_t drop = 0;
+    try {
+      // Make room: the cache must hold the conversation, the message and one
+      // reply token. When it cannot, drop the oldest turns; having to drop,
+      // drop enough for a whole reply when that is possible.
+      ids = conv.ids(0, message);
+      if (static_cast<int64_t>(ids.size()) + 1 > capacity) {
+        std::optional<size_t> fits, fits_reply;
+        for (size_t k = 1; k <= turns.size() && !fits_reply; ++k) {
+          const int64_t n = static_cast<int64_t>(conv.ids(k, message).size());
+          if (!fits && n + 1 <= capacity) fits = k;
+          if (n + f.max_tokens <= capacity) fits_reply = k;
+        }
+        if (!fits) {
+          const int64_t alone = static_cast<int64_t>(conv.ids(turns.size(), message).size());
+          const int64_t frame = static_cast<int64_t>(conv.ids(turns.size(), "").size());
+          fmt::print(stderr,
+                     "kvgraph: error: [chat] message of {} tokens does not fit the cache of {}: with the system prompt "
+                     "and chat format ({} tokens) and one reply token it needs {} (raise --capacity); not sent, the "
+                     "conversation is kept\n",
+                     alone - frame, capacity, frame, alone + 1);
+          return;
+        }
+        drop = fits_reply ? *fits_reply : *fits;
+        ids = conv.ids(drop, message);
+      }
+    } catch (const Error& e) {  // the template refused the conversation (raise_exception, ...)
+      fmt::print(stderr, "kvgraph: error: {}; not sent, the conversation is kept\n", e.what());
+      return;
+    }
     if (drop > 0) {
-      conv.drop_oldest(drop);
-      user = conv.user_ids(message, turns.empty());
-      s.reset();
-      ids = conv.ids();
+      turns.erase(turns.begin(), turns.begin() + static_cast<std::ptrdiff_t>(drop));
       fmt::print(stderr, "[kvgraph] the conversation outgrew the cache ({} tokens): dropped the oldest {} turn{}, kept {}{}\n",
                  capacity, drop, drop == 1 ? "" : "s", turns.size(), f.system.empty() ? "" : " and the system prompt");
-    } else {
-      // The cache holds the conversation but its last id or two (the last
-      // sampled token, an end of turn we appended): they go first.
-      auto all = conv.ids();
-      ids.assign(all.begin() + s.position(), all.end());
     }
-    ids.insert(ids.end(), user.begin(), user.end());
+    // Keep what the cache shares with the new rendering; the last id is
+    // always prefilled again (its logits start the reply).
+    const auto& held = s.tokens();
+    size_t common = 0;
+    while (common < held.size() && common + 1 < ids.size() && held[common] == ids[common]) ++common;
+    int32_t reprefilled = 0;
+    if (common < static_cast<size_t>(s.position())) reprefilled = s.trim(static_cast<int32_t>(common)).reprefilled;
+    const std::vector<int32_t> tail(ids.begin() + static_cast<std::ptrdiff_t>(common), ids.end());
 
     auto t0 = std::chrono::steady_clock::now();
-    GenerateResult r = s.generate(ids, &tok, go, [](int32_t, std::string_view text) {
+    GenerateResult r = s.generate(tail, &tok, go, [](int32_t, std::string_view text) {
       fwrite(text.data(), 1, text.size(), stdout);
       fflush(stdout);
     });
     fmt::print("\n");
     fflush(stdout);
-    Conversation::Turn turn{message, std::move(user), r.tokens};
-    if (r.finish == FinishReason::eos)
-      turn.reply.push_back(r.last);  // the end token
-    else if (end_of_turn)
-      turn.reply.push_back(*end_of_turn);  // close the turn the model did not close
-    turns.push_back(std::move(turn));
+    turns.push_back({message, r.text});
     if (r.finish == FinishReason::length)
       fmt::print(stderr, "[kvgraph] reply cut after {} tokens: the cache is full ({} tokens)\n", r.tokens.size(),
                  capacity);
     if (r.finish == FinishReason::cancelled)
       fmt::print(stderr, "[kvgraph] reply interrupted after {} tokens\n", r.tokens.size());
     if (!f.m.quiet)
-      fmt::print(stderr, "[kvgraph] turn: prefilled {} new tokens, generated {}, cache {}/{} ({:.2f} s)\n", ids.size(),
-                 r.tokens.size(), s.position(), capacity, seconds_since(t0));
+      fmt::print(stderr, "[kvgraph] turn: prefilled {} new tokens, generated {}, cache {}/{} ({:.2f} s)\n",
+                 tail.size() + static_cast<size_t>(reprefilled), r.tokens.size(), s.position(), capacity,
+                 seconds_since(t0));
+  };
+
+  // --prompt-cache: the session as it ends, for the next chat.
+  auto save_cache = [&] {
+    if (f.prompt_cache.empty()) return;
+    s.save(f.prompt_cache);
+    if (!f.m.quiet)
+      fmt::print(stderr, "[kvgraph] prompt cache {}: saved {} tokens\n", f.prompt_cache, s.position());
   };
 
   // Runs a command line ("/help"); false for /exit.
@@ -343,7 +348,6 @@ void run_chat(const ChatFlags& f) {
       fmt::print("{}", kHelp);
     } else if (cmd == "/reset") {
       conv.turns().clear();
-      s.reset();
       fmt::print(stderr, "[kvgraph] conversation forgotten (the system prompt is kept)\n");
     } else {
       fmt::print(stderr, "kvgraph: error: [chat] unknown command \"{}\": /help lists them (// sends a leading /)\n",
@@ -369,13 +373,18 @@ void run_chat(const ChatFlags& f) {
     if (got == LineReader::Got::line) message += line;
     // At EOF a continued message is still sent, then the chat ends.
     if (!message.empty() && message[0] == '/' && message.rfind("//", 0) != 0) {
-      if (!command(message)) return;
+      if (!command(message)) {
+        save_cache();
+        return;
+      }
     } else if (message.find_first_not_of(" \t\r\n") != std::string::npos) {
       send(message[0] == '/' ? message.substr(1) : message);
     }
     if (got != LineReader::Got::line) break;
   }
   fmt::print("\n");  // the shell's prompt starts on its own line
+  fflush(stdout);
+  save_cache();
 }
 
 }  // namespace
@@ -396,6 +405,21 @@ void add_chat(CLI::App& app) {
   c->add_option("--repeat-penalty", f->repeat_penalty, "Repetition penalty (1 = off)")->capture_default_str();
   c->add_option("--seed", f->seed, "Sampling seed (default: random, reported on stderr)");
   c->add_option("--stop", f->stop, "End a reply when it contains this string (repeatable)");
+  c->add_option("--template", f->template_file,
+                "Jinja chat template file to use instead of the checkpoint's (tokenizer_config.json or "
+                "chat_template.jinja)")
+      ->type_name("FILE");
+  c->add_option("--template-name", f->template_name,
+                "Which of the checkpoint's named chat templates (e.g. tool_use); default: \"default\"")
+      ->type_name("NAME");
+  c->add_option("--template-var", f->template_vars,
+                "A variable for the chat template, e.g. enable_thinking=false (VALUE is JSON, else a string; "
+                "repeatable)")
+      ->type_name("KEY=VALUE");
+  c->add_option("--prompt-cache", f->prompt_cache,
+                "Session file: restored at the start (its common prefix with the conversation is kept), saved at "
+                "the end (created when missing); same model, --chunk and --kv-dtype")
+      ->type_name("FILE");
   c->callback([f, c] {
     f->seed_given = c->count("--seed") > 0;
     run_chat(*f);

@@ -19,7 +19,13 @@ void ModelFlags::add(CLI::App& app) {
   app.add_option("--device", device, "cpu or cuda")->capture_default_str();
   app.add_option("--capacity", capacity, "KV cache capacity in tokens (default: fits the request)");
   app.add_option("--chunk", chunk, "Prefill step size in tokens (max_write)")->capture_default_str();
-  app.add_option("--kv-dtype", kv_dtype, "KV cache storage: f32, bf16 or f16");
+  app.add_option("--kv-dtype", kv_dtype,
+                 "KV cache storage of K and V: f32, bf16, f16, int8 / int4 (affine groups of --kv-group along "
+                 "head_dim) or fp8 (e4m3, a scale per token and head); default f32 on cpu, bf16 on cuda");
+  app.add_option("--k-dtype", k_dtype, "K storage only (overrides --kv-dtype for K)");
+  app.add_option("--v-dtype", v_dtype, "V storage only (overrides --kv-dtype for V)");
+  app.add_option("--kv-group", kv_group, "Values per scale and bias of int8 / int4 KV: 32 or 64")
+      ->capture_default_str();
   app.add_option("--cpu-weights", cpu_weights,
                  "CPU storage of a bf16 checkpoint: auto (bf16 above 1 GiB as f32), f32 or bf16 (half the memory)")
       ->check(CLI::IsMember({"auto", "f32", "bf16"}))
@@ -40,8 +46,11 @@ void ModelFlags::add(CLI::App& app) {
 void ModelFlags::check() const {
   check_at_least("--capacity", capacity, 0, " (0: fits the request)");
   check_at_least("--chunk", chunk, 1);
-  if (!kv_dtype.empty() && kv_dtype != "f32" && kv_dtype != "bf16" && kv_dtype != "f16")
-    usage_fail("--kv-dtype {}: expected f32, bf16 or f16", kv_dtype);
+  for (const auto& [flag, value] : {std::pair{"--kv-dtype", &kv_dtype}, std::pair{"--k-dtype", &k_dtype},
+                                    std::pair{"--v-dtype", &v_dtype}})
+    if (!value->empty() && parse_kv_format(*value, kv_group).type == KvType::Invalid)
+      usage_fail("{} {}: expected f32, bf16, f16, int8, int4 or fp8", flag, *value);
+  if (kv_group != 32 && kv_group != 64) usage_fail("--kv-group {}: expected 32 or 64", kv_group);
   if (!weights.empty() && weights != "bf16" && weights != "int8" && weights != "int4")
     usage_fail("--weights {}: expected bf16, int8 or int4", weights);
   if (group_size != 32 && group_size != 64 && group_size != 128)
@@ -69,12 +78,22 @@ void check_sampling_flags(const ops::SamplingParams& p) {
   usage_fail("{} {}: expected {}", flag, issue->value, issue->expected);
 }
 
-DType ModelFlags::kv_storage(Device d) const {
-  if (kv_dtype.empty()) return d == Device::CUDA ? DType::BF16 : DType::F32;
-  if (kv_dtype == "f32") return DType::F32;
-  if (kv_dtype == "bf16") return DType::BF16;
-  if (kv_dtype == "f16") return DType::F16;
-  usage_fail("--kv-dtype {}: expected f32, bf16 or f16", kv_dtype);
+KvStorage ModelFlags::kv_storage(Device d) const {
+  check();
+  const KvFormat both = kv_dtype.empty() ? KvFormat(d == Device::CUDA ? DType::BF16 : DType::F32)
+                                         : parse_kv_format(kv_dtype, kv_group);
+  return KvStorage{k_dtype.empty() ? both : parse_kv_format(k_dtype, kv_group),
+                   v_dtype.empty() ? both : parse_kv_format(v_dtype, kv_group)};
+}
+
+void ModelFlags::check_kv_storage(const ModelConfig& c, Device d) const {
+  const KvStorage st = kv_storage(d);
+  for (const auto& [flag, f] : {std::pair{k_dtype.empty() ? "--kv-dtype" : "--k-dtype", st.k},
+                                std::pair{v_dtype.empty() ? "--kv-dtype" : "--v-dtype", st.v}}) {
+    const std::string why = kv_format_problem(f, c.head_dim);
+    if (!why.empty())
+      usage_fail("{} {} does not fit this model: {}", flag, kv_format_name(f), why);
+  }
 }
 
 std::filesystem::path default_model_dir() {
@@ -98,10 +117,13 @@ std::shared_ptr<Model> load_model(const ModelFlags& f, double* seconds) {
   auto t0 = std::chrono::steady_clock::now();
   std::shared_ptr<Model> m;
   if (f.model.rfind("synthetic:", 0) == 0) {
+    f.check_kv_storage(Model::describe_synthetic(f.model.substr(10), dev, f.quantize()).config, dev);
     m = Model::synthetic(f.model.substr(10), dev, 1, f.quantize());
   } else {
     std::filesystem::path dir = f.model.empty() ? default_model_dir() : std::filesystem::path(f.model);
     if (!std::filesystem::exists(dir)) fail("cli", "model directory {} does not exist", dir.string());
+    // The KV formats against the config, before any weight is read.
+    if (std::filesystem::exists(dir / "config.json")) f.check_kv_storage(load_model_config(dir), dev);
     const bool bar = !f.quiet && isatty(STDERR_FILENO);
     int last = -1;
     const Model::CpuWeights cw = f.cpu_weights == "f32"    ? Model::CpuWeights::f32

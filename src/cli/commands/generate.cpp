@@ -10,6 +10,7 @@
 
 #include "cli/common.h"
 #include "kvgraph/error.h"
+#include "kvgraph/speculative.h"
 
 namespace kvgraph::cli {
 
@@ -36,6 +37,12 @@ struct GenerateFlags {
   std::string dump_logits;
   std::vector<std::string> stop;
   std::string prompt_cache;  // --prompt-cache FILE
+  // Speculative decoding: a draft model or prompt lookup, K proposals a step.
+  std::string draft_model;   // --draft-model DIR
+  int draft_tokens = 4;      // --draft-tokens K
+  int lookup_ngram = 0;      // --lookup-ngram N
+  CLI::Option *draft_opt = nullptr, *draft_tokens_opt = nullptr, *lookup_opt = nullptr;
+  bool speculative() const { return draft_opt->count() || lookup_opt->count(); }
 };
 
 // Where the prompt comes from, as resolved from the flags.
@@ -58,6 +65,42 @@ std::string prompt_from(const std::string& path) {
 
 // Checks that at most one source was given (a usage error otherwise), then
 // reads it. Nothing given and stdin not a terminal: stdin is the prompt.
+// The speculative flags, checked before any work: one proposer, K within
+// what one verify step takes (and below --chunk, so a ring can roll back).
+void check_speculative_flags(const GenerateFlags& f) {
+  if (f.draft_opt->count() && f.lookup_opt->count())
+    usage_fail("give one of --draft-model and --lookup-ngram, not both");
+  if (f.draft_tokens_opt->count() && !f.speculative())
+    usage_fail("--draft-tokens needs --draft-model DIR or --lookup-ngram N");
+  if (!f.speculative()) return;
+  if (f.lookup_opt->count()) check_at_least("--lookup-ngram", f.lookup_ngram, 1);
+  const int max_k = std::min(Session::kMaxVerifyTokens, f.m.chunk) - 1;
+  if (max_k < 1) usage_fail("speculative decoding needs --chunk of at least 2 (a verify step of K + 1 tokens), got {}", f.m.chunk);
+  if (f.draft_tokens < 1 || f.draft_tokens > max_k)
+    usage_fail("--draft-tokens {}: expected an integer in [1, {}] (a verify step of K + 1 <= {} tokens, within --chunk {})",
+               f.draft_tokens, max_k, std::min(Session::kMaxVerifyTokens, f.m.chunk), f.m.chunk);
+  if (!f.dump_logits.empty())
+    usage_fail("--dump-logits cannot be combined with --draft-model or --lookup-ngram (tokens come several a step)");
+}
+
+// A draft model must speak the target's vocabulary: the same number of ids
+// and, where both have a tokenizer, the same token at every id.
+void check_draft_vocabulary(const Model& target, const std::optional<Tokenizer>& target_tok, const Model& draft,
+                            const std::string& dir) {
+  if (draft.config().vocab_size != target.config().vocab_size)
+    fail("generate", "--draft-model {}: its vocabulary has {} ids, the model's {}; a draft must share the model's "
+         "tokenizer and vocabulary", dir, draft.config().vocab_size, target.config().vocab_size);
+  const std::optional<Tokenizer> dt = load_tokenizer(draft, false);
+  if (!target_tok || !dt) return;
+  if (dt->vocab_size() != target_tok->vocab_size())
+    fail("generate", "--draft-model {}: its tokenizer has {} tokens, the model's {}", dir, dt->vocab_size(),
+         target_tok->vocab_size());
+  for (int32_t id = 0; id < target_tok->vocab_size(); ++id)
+    if (dt->id_to_token(id) != target_tok->id_to_token(id))
+      fail("generate", "--draft-model {}: token {} is \"{}\" there and \"{}\" in the model's tokenizer", dir, id,
+           dt->id_to_token(id).value_or(""), target_tok->id_to_token(id).value_or(""));
+}
+
 PromptSource resolve_prompt(const GenerateFlags& f) {
   std::vector<std::string> given;
   if (f.text_opt->count()) given.push_back(f.text == "-" ? "- (stdin)" : "TEXT");
@@ -90,6 +133,7 @@ void run_generate(const GenerateFlags& f) {
   check_at_least("--max-tokens", f.max_tokens, 1);
   // The flags as given, --greedy or not: a bad value is an error either way.
   check_sampling_flags({f.temperature, f.top_k, f.top_p, f.repeat_penalty, f.seed});
+  check_speculative_flags(f);
   const uint64_t seed = f.seed_opt->count() ? f.seed : std::random_device{}();
   const PromptSource source = resolve_prompt(f);
 
@@ -135,8 +179,27 @@ void run_generate(const GenerateFlags& f) {
     dump->write(std::string_view(reinterpret_cast<const char*>(l.data()), l.size() * sizeof(float)));
   };
 
+  // The proposer: prompt lookup, or a draft model in its own session.
+  std::unique_ptr<Proposer> proposer;
+  std::string method;
+  if (f.lookup_opt->count()) {
+    proposer = std::make_unique<PromptLookup>(f.lookup_ngram);
+    method = fmt::format("prompt lookup (n-gram {})", f.lookup_ngram);
+  } else if (f.draft_opt->count()) {
+    ModelFlags df = f.m;
+    df.model = f.draft_model;
+    auto draft = load_model(df);
+    check_draft_vocabulary(*model, tok, *draft, f.draft_model);
+    SessionOptions dso = so;
+    dso.kv_storage = df.kv_storage(draft->device());
+    proposer = std::make_unique<DraftModel>(draft, dso);
+    method = fmt::format("draft model {}", f.draft_model);
+  }
+
   GenerateOptions go;
   go.max_tokens = f.max_tokens;
+  go.proposer = proposer.get();
+  go.draft_tokens = f.draft_tokens;
   go.stop = f.stop;
   go.ignore_eos = f.ignore_eos;
   go.reuse_prefix = !f.prompt_cache.empty();
@@ -175,6 +238,18 @@ void run_generate(const GenerateFlags& f) {
     j["prefill_ms"] = r.prefill_seconds * 1e3;
     if (!f.prompt_cache.empty()) j["prompt_cache_reused"] = r.reused;
     j["decode_ms_per_token"] = decode_ms;
+    if (proposer) {
+      const SpeculativeStats& st = r.speculative;
+      j["speculative"] = {{"method", f.lookup_opt->count() ? "lookup" : "draft"},
+                          {"draft_tokens", f.draft_tokens},
+                          {"verify_steps", st.steps},
+                          {"plain_steps", st.plain_steps},
+                          {"proposed", st.proposed},
+                          {"accepted", st.accepted},
+                          {"acceptance_rate", st.acceptance()},
+                          {"tokens_per_second", n_decode ? n_decode / std::max(r.decode_seconds, 1e-9) : 0.0}};
+      if (f.lookup_opt->count()) j["speculative"]["lookup_ngram"] = f.lookup_ngram;
+    }
     out.write(j.dump() + "\n");
   } else {
     out.write("\n");
@@ -189,6 +264,13 @@ void run_generate(const GenerateFlags& f) {
   if (!f.prompt_cache.empty() && !f.m.quiet)
     fmt::print(stderr, "[kvgraph] prompt cache {}: {} {} of {} prompt tokens, prefilled {}\n", f.prompt_cache,
                cache_restored ? "reused" : "created; reused", r.reused, prompt.size(), prompt.size() - r.reused);
+  if (proposer && !f.m.quiet) {
+    const SpeculativeStats& st = r.speculative;
+    fmt::print(stderr, "[kvgraph] speculative, {}, K {}: {} verify steps ({} plain), {} proposed, {} accepted "
+               "({:.1f}%), {:.2f} tokens a step\n", method, f.draft_tokens, st.steps, st.plain_steps, st.proposed,
+               st.accepted, 100.0 * st.acceptance(),
+               st.steps + st.plain_steps ? double(n_decode) / double(st.steps + st.plain_steps) : 0.0);
+  }
   if (!f.m.quiet)
     fmt::print(stderr, "[kvgraph] load {:.2f} s | prompt {} tok in {:.1f} ms ({:.0f} tok/s) | generated {} tok, "
                "{:.2f} ms/tok ({:.1f} tok/s) | {} decode, {} capture(s) | seed {}\n",
@@ -208,7 +290,9 @@ void add_generate(CLI::App& app) {
       "  kvgraph generate \"The meaning of life is\"\n"
       "  echo \"Once upon a time\" | kvgraph generate --max-tokens 32 --seed 7\n"
       "  kvgraph generate -m ~/models/Qwen2.5-0.5B --device cuda -f prompt.txt --max-tokens 128\n"
-      "  kvgraph generate -m DIR --prompt-ids 1,2,3 --max-tokens 32 --greedy --ignore-eos --json");
+      "  kvgraph generate -m DIR --prompt-ids 1,2,3 --max-tokens 32 --greedy --ignore-eos --json\n"
+      "  kvgraph generate -f passage.txt --greedy --lookup-ngram 3 --draft-tokens 4\n"
+      "  kvgraph generate -m ~/models/Llama-3.1-8B --draft-model ~/models/Llama-3.2-1B --draft-tokens 4 \"...\"");
   f->m.add(*c);
   f->text_opt = c->add_option("text", f->text, "Prompt text; - reads stdin");
   f->prompt_opt = c->add_option("-p,--prompt", f->prompt, "Prompt text (same as TEXT)");
@@ -233,6 +317,18 @@ void add_generate(CLI::App& app) {
       ->type_name("FILE");
   c->add_option("--dump-logits", f->dump_logits, "Write the raw f32 logits of every sampled token to FILE")
       ->type_name("FILE");
+  f->draft_opt = c->add_option("--draft-model", f->draft_model,
+                               "Speculative decoding with this draft model (same tokenizer): it proposes "
+                               "--draft-tokens tokens, the model verifies them in one step")
+                     ->type_name("DIR");
+  f->lookup_opt = c->add_option("--lookup-ngram", f->lookup_ngram,
+                                "Speculative decoding by prompt lookup: the tokens after the earliest earlier "
+                                "occurrence of the last N..1 tokens are the proposals")
+                      ->type_name("N");
+  f->draft_tokens_opt = c->add_option("--draft-tokens", f->draft_tokens,
+                                      "Proposals verified per step, K (1-7, below --chunk); greedy output is "
+                                      "identical to plain decoding, sampled output has the same distribution")
+                            ->capture_default_str();
   c->callback([f] { run_generate(*f); });
 }
 

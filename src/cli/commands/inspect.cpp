@@ -86,7 +86,8 @@ void run_inspect(const InspectFlags& f) {
   const ModelInfo info = describe(f.m);
   const ModelConfig& c = info.config;
   const int32_t capacity = f.m.capacity > 0 ? f.m.capacity : std::max(1, c.max_position_embeddings);
-  const DType kv = f.m.kv_storage(info.device);
+  f.m.check_kv_storage(c, info.device);
+  const KvStorage kv = f.m.kv_storage(info.device);
   CacheConfig cc = cache_config(c, info.device, capacity, f.m.chunk, kv);
   fmt::print("model       {} ({})\n", info.dir.empty() ? f.m.model : info.dir.string(), c.model_type);
   fmt::print("shape       {} layers, hidden {}, ffn {}, heads {} / kv {} x {}, vocab {}\n", c.num_layers,
@@ -99,17 +100,21 @@ void run_inspect(const InspectFlags& f) {
                  : "");
   fmt::print("rope        theta {} ({}){}\n", c.rope.theta, c.rope.type,
              c.rope_local.theta != c.rope.theta ? fmt::format(", local theta {}", c.rope_local.theta) : "");
-  fmt::print("cache       capacity {} tokens, chunk {}, storage {}\n", capacity, f.m.chunk, dtype_name(kv));
+  fmt::print("cache       capacity {} tokens, chunk {}, storage {}\n", capacity, f.m.chunk, kv_storage_name(kv));
+  // Bytes per token of a layer: K and V rows of every KV head, with the
+  // scales (and biases) of the quantized formats; total: the pools as allocated.
   fmt::print("{:>5}  {:<40} {:>12} {:>14}\n", "layer", "policy", "bytes/token", "total bytes");
-  size_t total = 0;
+  size_t total = 0, total_bf16 = 0;
   for (size_t l = 0; l < cc.layers.size(); ++l) {
     const auto& L = cc.layers[l];
-    const size_t per = 2ull * L.n_kv_heads * L.head_dim * dtype_size(kv);
+    const size_t per = size_t(L.n_kv_heads) * size_t(kv.k.row_bytes(L.head_dim) + kv.v.row_bytes(L.head_dim));
     const size_t bytes = per * L.policy.pool();
     total += bytes;
+    total_bf16 += size_t(L.n_kv_heads) * L.head_dim * 4 * L.policy.pool();
     fmt::print("{:>5}  {:<40} {:>12} {:>14}\n", l, L.policy.describe(), per, bytes);
   }
-  fmt::print("total KV    {:.2f} MB at capacity {}\n", total / 1e6, capacity);
+  fmt::print("total KV    {:.2f} MB at capacity {} ({:.2f}x the bytes of bf16 K/V)\n", total / 1e6, capacity,
+             double(total) / double(total_bf16));
   if (f.tensors) {
     fmt::print("{:<64} {:<16} {:<9} {:>14}\n", "tensor", "shape", "format", "bytes");
     size_t sum = 0;

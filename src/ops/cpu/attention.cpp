@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "kvgraph/cache/kv_quant.h"
 #include "kvgraph/cache/plan.h"
 #include "ops/cpu/kernels.h"
 
@@ -13,29 +14,34 @@ namespace kvgraph::cpu {
 
 namespace {
 
-template <typename S>
-inline S store(float x);
-template <>
-inline float store<float>(float x) { return x; }
+// One pool of a layer in its format: a row is one token of one KV head. The
+// rows are stored (quantized) on write and read back into a scratch row of
+// f32 values for each key: never a dequantized copy of the cache.
+struct PoolRows {
+  uint8_t* codes;
+  uint8_t* aux;  // null for plain formats
+  KvFormat f;
+  int D;
+  int64_t code_row, aux_row;  // bytes per row
+  PoolRows(void* c, void* a, KvFormat fmt, int d)
+      : codes(static_cast<uint8_t*>(c)), aux(static_cast<uint8_t*>(a)), f(fmt), D(d),
+        code_row(fmt.code_bytes(d)), aux_row(fmt.aux_bytes(d)) {}
+  void store(int64_t row, const float* x) const {
+    kv_quantize_row(f, x, D, codes + row * code_row, aux ? aux + row * aux_row : nullptr);
+  }
+  // The row's values: the pool itself for f32, else `scratch` (D floats).
+  const float* load(int64_t row, float* scratch) const {
+    if (f.type == KvType::F32) return reinterpret_cast<const float*>(codes + row * code_row);
+    kv_dequantize_row(f, codes + row * code_row, aux ? aux + row * aux_row : nullptr, D, scratch);
+    return scratch;
+  }
+};
 
-struct Bf16 { uint16_t bits; };
-struct F16 { uint16_t bits; };
-template <>
-inline Bf16 store<Bf16>(float x) { return Bf16{f32_to_bf16(x)}; }
-template <>
-inline F16 store<F16>(float x) { return F16{f32_to_f16(x)}; }
-
-inline float load(float x) { return x; }
-inline float load(Bf16 x) { return bf16_to_f32(x.bits); }
-inline float load(F16 x) { return f16_to_f32(x.bits); }
-
-template <typename S>
 void run(const ops::AttendCall& a) {
   const StepPlan& p = *a.plan;
   const int T = p.T, Hq = a.n_q_heads, Hkv = a.n_kv_heads, D = a.head_dim;
   const int64_t pool = a.rule.pool;
-  S* K = static_cast<S*>(a.k_pool);
-  S* V = static_cast<S*>(a.v_pool);
+  const PoolRows K(a.k_pool, a.k_aux, a.k_format, D), V(a.v_pool, a.v_aux, a.v_format, D);
   const int64_t q_stride = a.q_stride ? a.q_stride : int64_t(Hq) * D;
   const int64_t k_stride = a.k_stride ? a.k_stride : int64_t(Hkv) * D;
   const int64_t v_stride = a.v_stride ? a.v_stride : int64_t(Hkv) * D;
@@ -74,14 +80,9 @@ void run(const ops::AttendCall& a) {
     const SlotRun& run = p.write[r];
     for (int i = 0; i < run.len; ++i, ++t) {
       for (int h = 0; h < Hkv; ++h) {
-        S* kd = K + (h * pool + run.slot + i) * D;
-        S* vd = V + (h * pool + run.slot + i) * D;
-        const float* ks = prologue(a.k + t * k_stride + static_cast<int64_t>(h) * D, a.k_norm, p.position + t);
-        const float* vs = a.v + t * v_stride + static_cast<int64_t>(h) * D;
-        for (int d = 0; d < D; ++d) {
-          kd[d] = store<S>(ks[d]);
-          vd[d] = store<S>(vs[d]);
-        }
+        const int64_t row = h * pool + run.slot + i;
+        K.store(row, prologue(a.k + t * k_stride + static_cast<int64_t>(h) * D, a.k_norm, p.position + t));
+        V.store(row, a.v + t * v_stride + static_cast<int64_t>(h) * D);
       }
     }
   }
@@ -89,7 +90,7 @@ void run(const ops::AttendCall& a) {
   // 2. Attend. Rows are visited in logical order over the read runs.
   const int group = Hq / Hkv;
   const int n_rows = p.position + T - p.read_begin;
-  std::vector<float> scores(n_rows), acc(D);
+  std::vector<float> scores(n_rows), acc(D), k_row(D), v_row(D);
   for (int tq = 0; tq < T; ++tq) {
     const int32_t qpos = p.position + tq;
     const int32_t lo = first_visible(a.rule, qpos);
@@ -103,9 +104,9 @@ void run(const ops::AttendCall& a) {
         for (int i = 0; i < run.len; ++i, ++j) {
           const int32_t pos = run.position + i;
           if (pos < lo || pos > qpos) { scores[j] = -std::numeric_limits<float>::infinity(); continue; }
-          const S* kr = K + (hk * pool + run.slot + i) * D;
+          const float* kr = K.load(hk * pool + run.slot + i, k_row.data());
           float s = 0.f;
-          for (int d = 0; d < D; ++d) s += q[d] * load(kr[d]);
+          for (int d = 0; d < D; ++d) s += q[d] * kr[d];
           s *= a.scale;
           if (a.softcap > 0.f) s = kvgraph::softcap(s, a.softcap);
           scores[j] = s;
@@ -125,8 +126,8 @@ void run(const ops::AttendCall& a) {
         for (int i = 0; i < run.len; ++i, ++j) {
           const float w = scores[j];
           if (w == 0.f) continue;
-          const S* vr = V + (hk * pool + run.slot + i) * D;
-          for (int d = 0; d < D; ++d) acc[d] += w * load(vr[d]);
+          const float* vr = V.load(hk * pool + run.slot + i, v_row.data());
+          for (int d = 0; d < D; ++d) acc[d] += w * vr[d];
         }
       }
       float* o = a.out + (static_cast<int64_t>(tq) * Hq + h) * D;
@@ -138,13 +139,6 @@ void run(const ops::AttendCall& a) {
 
 }  // namespace
 
-void update_and_attend(const ops::AttendCall& a) {
-  switch (a.storage) {
-    case DType::F32: return run<float>(a);
-    case DType::BF16: return run<Bf16>(a);
-    case DType::F16: return run<F16>(a);
-    default: break;
-  }
-}
+void update_and_attend(const ops::AttendCall& a) { run(a); }
 
 }  // namespace kvgraph::cpu

@@ -54,8 +54,8 @@ void rms_norm(const float* x, const float* w, float* out, int64_t rows, int D, f
 }
 
 void linear(const float* x, const float* w, const float* bias, float* out, int T, int N, int K) {
-  if (T == 1)
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, w, K, x, 1, 0.0f, out, 1);
+  if (T <= kRowsMaxT)
+    rows_product(x, T, w, N, K, out, N);
   else
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.0f, x, K, w, K, 0.0f, out, N);
   if (bias)
@@ -73,8 +73,8 @@ void linear_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float*
     const int n = std::min(rows, N - n0);
     const uint16_t* src = w + static_cast<int64_t>(n0) * K;
     for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) panel[i] = bf16_to_f32(src[i]);
-    if (T == 1)
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, K, 1.0f, panel.data(), K, x, 1, 0.0f, out + n0, 1);
+    if (T <= kRowsMaxT)
+      rows_product(x, T, panel.data(), n, K, out + n0, N);
     else
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, K, 1.0f, x, K, panel.data(), K, 0.0f, out + n0, N);
   }
@@ -108,8 +108,8 @@ void linear_affine(const float* x, const AffineRows& w, const void* bias, float*
   for (int n0 = 0; n0 < N; n0 += rows) {
     const int n = std::min(rows, N - n0);
     for (int r = 0; r < n; ++r) w.dequantize_row(n0 + r, K, panel.data() + static_cast<int64_t>(r) * K);
-    if (T == 1)
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, n, K, 1.0f, panel.data(), K, x, 1, 0.0f, out + n0, 1);
+    if (T <= kRowsMaxT)
+      rows_product(x, T, panel.data(), n, K, out + n0, N);
     else
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, K, 1.0f, x, K, panel.data(), K, 0.0f, out + n0, N);
   }
@@ -160,10 +160,13 @@ void softcap(float* x, int64_t n, float cap) {
   for (int64_t i = 0; i < n; ++i) x[i] = kvgraph::softcap(x[i], cap);
 }
 
-int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const int32_t* banned, int n_banned,
-               const uint8_t* seen, int32_t pos) {
+namespace {
+
+// The logits as sampling sees them (repetition penalty, bans) in `l`; false
+// when one is NaN or +inf.
+bool sampling_logits(const float* logits, int V, const ops::SamplingParams& p, const int32_t* banned, int n_banned,
+                     const uint8_t* seen, std::vector<float>& l) {
   const float ninf = -std::numeric_limits<float>::infinity();
-  thread_local std::vector<float> l;
   l.assign(logits, logits + V);
   if (p.repetition_penalty != 1.0f && seen)
     for (int i = 0; i < V; ++i)
@@ -173,25 +176,31 @@ int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const i
   // A NaN or +inf logit (a broken weight or an overflow upstream) has no
   // meaningful pick: report it as token -1, as the CUDA kernel does.
   for (int i = 0; i < V; ++i)
-    if (std::isnan(l[i]) || l[i] == -ninf) return -1;
+    if (std::isnan(l[i]) || l[i] == -ninf) return false;
+  return true;
+}
 
-  if (p.temperature <= 0.0f) {  // greedy: lowest index among maxima
-    int32_t best = 0;
-    for (int i = 1; i < V; ++i)
-      if (l[i] > l[best]) best = i;
-    return best;
-  }
-  // Candidates sorted by logit (desc), ties by id (asc): deterministic.
-  thread_local std::vector<int32_t> idx;
+int32_t arg_max(const std::vector<float>& l) {  // lowest index among maxima
+  int32_t best = 0;
+  for (int i = 1; i < static_cast<int>(l.size()); ++i)
+    if (l[i] > l[best]) best = i;
+  return best;
+}
+
+// Candidates sorted by logit (desc), ties by id (asc), cut to top-k then
+// top-p, weighted exp((l - max) / temperature): `idx` and `prob` hold
+// `keep` of them, `sum` their total.
+void candidates(const std::vector<float>& l, const ops::SamplingParams& p, std::vector<int32_t>& idx,
+                std::vector<float>& prob, int& keep, float& sum) {
+  const int V = static_cast<int>(l.size());
   idx.resize(V);
   std::iota(idx.begin(), idx.end(), 0);
-  int keep = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+  keep = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
   auto cmp = [&](int32_t a, int32_t b) { return l[a] > l[b] || (l[a] == l[b] && a < b); };
   std::partial_sort(idx.begin(), idx.begin() + keep, idx.end(), cmp);
   const float mx = l[idx[0]];
-  thread_local std::vector<float> prob;
   prob.resize(keep);
-  float sum = 0.f;
+  sum = 0.f;
   for (int i = 0; i < keep; ++i) sum += (prob[i] = std::exp((l[idx[i]] - mx) / p.temperature));
   if (p.top_p < 1.0f) {
     float c = 0.f;
@@ -204,6 +213,20 @@ int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const i
     sum = 0.f;
     for (int i = 0; i < keep; ++i) sum += prob[i];
   }
+}
+
+}  // namespace
+
+int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const int32_t* banned, int n_banned,
+               const uint8_t* seen, int32_t pos) {
+  thread_local std::vector<float> l;
+  if (!sampling_logits(logits, V, p, banned, n_banned, seen, l)) return -1;
+  if (p.temperature <= 0.0f) return arg_max(l);  // greedy
+  thread_local std::vector<int32_t> idx;
+  thread_local std::vector<float> prob;
+  int keep = 0;
+  float sum = 0.f;
+  candidates(l, p, idx, prob, keep, sum);
   const float u = uniform01(p.seed, pos) * sum;
   float c = 0.f;
   for (int i = 0; i < keep; ++i) {
@@ -214,3 +237,29 @@ int32_t sample(const float* logits, int V, const ops::SamplingParams& p, const i
 }
 
 }  // namespace kvgraph::cpu
+
+namespace kvgraph::ops {
+
+SampleCandidates sampling_candidates(const float* logits, int V, const SamplingParams& p, const int32_t* banned,
+                                     int n_banned, const uint8_t* seen) {
+  SampleCandidates c;
+  std::vector<float> l;
+  if (!cpu::sampling_logits(logits, V, p, banned, n_banned, seen, l)) {
+    c.finite = false;
+    return c;
+  }
+  if (p.temperature <= 0.0f) {
+    c.ids = {cpu::arg_max(l)};
+    c.weights = {1.0f};
+    c.sum = 1.0f;
+    return c;
+  }
+  std::vector<int32_t> idx;
+  int keep = 0;
+  cpu::candidates(l, p, idx, c.weights, keep, c.sum);
+  c.ids.assign(idx.begin(), idx.begin() + keep);
+  c.weights.resize(keep);
+  return c;
+}
+
+}  // namespace kvgraph::ops

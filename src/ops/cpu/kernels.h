@@ -8,7 +8,14 @@ namespace kvgraph::cpu {
 
 void embedding(const float* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out);
 void rms_norm(const float* x, const float* w, float* out, int64_t rows, int D, float eps, bool plus_one);
-// out [T, N] = x [T, K] @ w [N, K]^T + bias
+// Steps of at most this many tokens (decode, speculative verify, short
+// prefill chunks) multiply through rows_product; longer ones through BLAS.
+constexpr int kRowsMaxT = 16;
+// out[t * ldo + n] = dot(x [T, K] row t, w [N, K] row n) for t < T, n < N, each
+// by a chain of operations that does not depend on T (or on N): row t of a
+// T-token product is bitwise the product of that row alone. rows_product.cpp.
+void rows_product(const float* x, int T, const float* w, int N, int K, float* out, int64_t ldo);
+// out [T, N] = x [T, K] @ w [N, K]^T + bias (rows_product up to kRowsMaxT tokens, else BLAS)
 void linear(const float* x, const float* w, const float* bias, float* out, int T, int N, int K);
 // The same with bf16 weights (and bias, when given): widened to f32 a panel of
 // rows at a time (exact), so a bf16 checkpoint stays bf16 in memory.

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/kv_codec.cuh"
 
 namespace kvgraph::cuda {
 namespace {
@@ -46,8 +47,13 @@ struct AttnArgs {
   const float* k;
   const float* v;
   int64_t q_stride, k_stride, v_stride;  // elements between tokens
-  S* k_pool;   // [Hkv, pool, D]
-  S* v_pool;   // [Hkv, pool, D]
+  S* k_pool;   // [Hkv, pool, D]; quantized formats (S = QKV<KS, VS>): u8 codes [Hkv, pool, k_code_row]
+  S* v_pool;   // [Hkv, pool, D]; quantized: u8 codes [Hkv, pool, v_code_row]
+  // Quantized formats only (kv_codec.cuh): scales (and biases) u8 [Hkv, pool,
+  // *_aux_row], bytes per row of codes and of aux, affine group.
+  const uint8_t* k_aux;
+  const uint8_t* v_aux;
+  int k_code_row, v_code_row, k_aux_row, v_aux_row, k_group, v_group;
   float* out;  // [T, Hq, D]
   const int32_t* pos;
   SlotRule rule;
@@ -165,27 +171,28 @@ __device__ __forceinline__ SplitRange split_range(const AttnArgs<S>& a, int32_t 
 
 // Split-KV finish, called by every block of a (kv head, query-head group)
 // after it stored its partial (unnormalised O, running max m and sum l per
-// query head). The last block to arrive merges them into `out` (the rows of
-// one token): out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m).
+// query head; head hq0 + g's partials in row part0 + g). The last block to
+// arrive (`counter` counts them) merges them into `out` (the rows of one
+// token): out = sum_s w_s O_s / sum_s w_s l_s, w_s = exp(m_s - max m).
 // Built for latency: the (m, l) pairs are read once, in parallel, and turned
 // into weights per head (one warp per head, lane per split); each output
 // element then streams its partials with the loads in flight together.
 // Fixed order everywhere, so the result is deterministic.
 template <typename S, int kMaxG>
-__device__ void merge_splits(const AttnArgs<S>& a, int h, int zg, int hq0, int Gz, int n_active, float* out) {
+__device__ void merge_splits(const AttnArgs<S>& a, unsigned* counter, int hq0, int part0, int Gz, int n_active,
+                             float* out) {
   __shared__ int s_last;
   __shared__ float w_s[kMaxG][kMaxSplits];
   __shared__ float l_s[kMaxG];
   __threadfence();
   __syncthreads();
-  unsigned* counter = a.counters + h * a.zgroups + zg;
   if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == unsigned(n_active - 1);
   __syncthreads();
   if (!s_last) return;
   __threadfence();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int g = warp; g < Gz; g += kWarps) {
-    const float* ml = a.part_ml + size_t(hq0 + g) * a.ws_splits * 2;
+    const float* ml = a.part_ml + size_t(part0 + g) * a.ws_splits * 2;
     float m[2], l[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -217,7 +224,7 @@ __device__ void merge_splits(const AttnArgs<S>& a, int h, int zg, int hq0, int G
   for (int k = 0; k < kPer; ++k) {
     const int i = min(int(threadIdx.x) + k * kThreads, n_out - 1);
     gk[k] = i >> lgD;
-    po[k] = a.part_o + size_t(hq0 + gk[k]) * a.ws_splits * D + (i & (D - 1));
+    po[k] = a.part_o + size_t(part0 + gk[k]) * a.ws_splits * D + (i & (D - 1));
     O[k] = 0.f;
   }
 #pragma unroll 2
@@ -416,10 +423,11 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
   }
   if (single) return;
 
-  merge_splits<S, kMaxG>(a, h, zg, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
+  merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
 }
 
-// Decode (T == 1) attention, built for latency. The block's chunk of keys
+// Decode attention, built for latency: T == 1, or (kMulti) each of a step's
+// T <= kMaxDecodeQueries queries as its own decode step. The block's chunk of keys
 // goes in tiles of kThreads keys: (1) scores with one thread per key, each
 // reading its whole K row and dotting it with every query head of the group
 // from shared memory (no shuffles on the critical path); (2) an online
@@ -434,7 +442,7 @@ __device__ __forceinline__ float rounded(float x) {
   return detail::to_f32(detail::from_f32<S>(x));
 }
 
-template <typename S, int kMaxG>
+template <typename S, int kMaxG, bool kMulti>
 __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float m_run[kMaxG], l_run[kMaxG], corr[kMaxG];
@@ -459,24 +467,32 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   }
   detail::griddep_wait();
 
-  const int h = blockIdx.x % a.Hkv;
-  const int zg = blockIdx.x / a.Hkv;
+  const int pairs = a.zgroups * a.Hkv;
+  const int t = kMulti ? blockIdx.x / pairs : 0;  // the query
+  const int bx = kMulti ? blockIdx.x % pairs : blockIdx.x;
+  const int h = bx % a.Hkv;
+  const int zg = bx / a.Hkv;
   const int split = blockIdx.y, splits = gridDim.y;
   const int g0 = zg * kMaxG;
   const int Gz = min(kMaxG, a.G - g0);
   const int hq0 = h * a.G + g0;
   const S* kp = a.k_pool + size_t(h) * a.rule.pool * D;
   const S* vp = a.v_pool + size_t(h) * a.rule.pool * D;
+  const float* q_t = kMulti ? a.q + t * a.q_stride : a.q;
+  const float* k_t = kMulti ? a.k + t * a.k_stride : a.k;
+  const float* v_t = kMulti ? a.v + t * a.v_stride : a.v;
+  float* out_t = kMulti ? a.out + size_t(t) * a.Hq * D : a.out;
+  const int part_t = kMulti ? t * a.Hq : 0;  // partial rows of this query's heads
 
   // The step's position and the new q/k/v rows in one round of loads, before
   // the block knows whether its split has keys.
-  const int32_t p = a.pos[0];
+  const int32_t p = a.pos[0] + t;
   const int lgD = __ffs(D) - 1;  // D is a power of two
   for (int i = threadIdx.x; i < kMaxG * D; i += kThreads)
-    q_s[i] = (i >> lgD) < Gz ? a.q[size_t(hq0) * D + i] : 0.f;
+    q_s[i] = (i >> lgD) < Gz ? q_t[size_t(hq0) * D + i] : 0.f;
   for (int d = threadIdx.x; d < D; d += kThreads) {
-    k_s[d] = a.k[size_t(h) * D + d];
-    v_s[d] = rounded<S>(a.v[size_t(h) * D + d]);
+    k_s[d] = k_t[size_t(h) * D + d];
+    v_s[d] = rounded<S>(v_t[size_t(h) * D + d]);
   }
   const SplitRange r = split_range(a, p, split, splits);
   const int32_t c0 = r.c0, c1 = r.c1, n_active = r.n_active;
@@ -491,7 +507,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   if (a.prologue())
     head_prologue(q_s, kMaxG + 1, kMaxG, D, a.q_norm ? qn_s : nullptr, a.k_norm ? kn_s : nullptr, a.norm_eps,
                   a.norm_plus_one, a.inv_freq ? if_s : nullptr, p);
-  if (split == 0 && zg == 0) store_row(a, h, p, k_s, v_s);
+  if (!kMulti && split == 0 && zg == 0) store_row(a, h, p, k_s, v_s);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
@@ -612,20 +628,20 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
     const int g = i / D, d = i % D;
     float O = 0.f;
     for (int k = 0; k < nKG; ++k) O += red[(k * kMaxG + g) * D + d];
-    const int hq = hq0 + g;
+    const int hq = hq0 + g, row = part_t + hq;
     if (single) {
-      a.out[size_t(hq) * D + d] = O / l_run[g];
+      out_t[size_t(hq) * D + d] = O / l_run[g];
     } else {
-      a.part_o[(size_t(hq) * a.ws_splits + split) * D + d] = O;
+      a.part_o[(size_t(row) * a.ws_splits + split) * D + d] = O;
       if (d == 0) {
-        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2] = m_run[g];
-        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2 + 1] = l_run[g];
+        a.part_ml[(size_t(row) * a.ws_splits + split) * 2] = m_run[g];
+        a.part_ml[(size_t(row) * a.ws_splits + split) * 2 + 1] = l_run[g];
       }
     }
   }
   if (single) return;
 
-  merge_splits<S, kMaxG>(a, h, zg, hq0, Gz, n_active, a.out);
+  merge_splits<S, kMaxG>(a, a.counters + t * pairs + h * a.zgroups + zg, hq0, part_t + hq0, Gz, n_active, out_t);
 }
 
 // k/v rows of the step's T tokens -> pool slots (rounded to the storage type).
@@ -644,6 +660,478 @@ __global__ void write_kv_kernel(AttnArgs<S> a) {
   store_row(a, h, p, k_s, a.v + t * a.v_stride + size_t(h) * a.D);
 }
 
+// ---------------------------------------------------------------- quantized K/V (int8, int4, fp8)
+//
+// The same three kernels for pools of codes with their scales (kv_codec.cuh),
+// instantiated per (K, V) format pair (S = detail::QKV<KS, VS>), so the
+// plain-format kernels above are untouched. Codes are read with the widest
+// loads a row allows and dequantized in registers: never a dequantized copy.
+
+// Bytes of one stored row of a quantized format, at most (head_dim <= 256).
+constexpr int kMaxCodeRow = 256, kMaxAuxRow = 32;
+
+// The stored rows' bytes at pool slot `slot` of kv head h, from shared memory.
+template <typename S>
+__device__ void copy_stored_row(const AttnArgs<S>& a, int h, int32_t slot, const uint8_t* kc, const uint8_t* ka,
+                                const uint8_t* vc, const uint8_t* va) {
+  const size_t row = size_t(h) * a.rule.pool + slot;
+  uint8_t* kd = reinterpret_cast<uint8_t*>(a.k_pool) + row * a.k_code_row;
+  uint8_t* vd = reinterpret_cast<uint8_t*>(a.v_pool) + row * a.v_code_row;
+  uint8_t* kad = const_cast<uint8_t*>(a.k_aux) + row * a.k_aux_row;
+  uint8_t* vad = const_cast<uint8_t*>(a.v_aux) + row * a.v_aux_row;
+  for (int i = threadIdx.x; i < a.k_code_row; i += blockDim.x) kd[i] = kc[i];
+  for (int i = threadIdx.x; i < a.v_code_row; i += blockDim.x) vd[i] = vc[i];
+  for (int i = threadIdx.x; i < a.k_aux_row; i += blockDim.x) kad[i] = ka[i];
+  for (int i = threadIdx.x; i < a.v_aux_row; i += blockDim.x) vad[i] = va[i];
+}
+
+// k/v rows of the step's T tokens -> quantized pool slots (T > 1, and the
+// legacy decode path).
+template <typename KS, typename VS>
+__global__ void write_kv_kernel_q(AttnArgs<detail::QKV<KS, VS>> a) {
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  const int t = blockIdx.x / a.Hkv, h = blockIdx.x % a.Hkv;
+  const int32_t p = a.pos[0] + t;
+  if (p < 0 || slot_of(a.rule, p) >= a.rule.pool) return;  // block-uniform; the host validates capacity
+  __shared__ float k_s[256], v_s[256];
+  __shared__ uint32_t params_s[8];
+  const float* kr = a.k + t * a.k_stride + size_t(h) * a.D;
+  const float* vr = a.v + t * a.v_stride + size_t(h) * a.D;
+  for (int d = threadIdx.x; d < a.D; d += blockDim.x) {
+    k_s[d] = kr[d];
+    v_s[d] = vr[d];
+  }
+  __syncthreads();
+  head_prologue(k_s, 1, 1, a.D, a.k_norm, nullptr, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
+  const size_t row = size_t(h) * a.rule.pool + slot_of(a.rule, p);
+  detail::quantize_row_block<KS>(k_s, a.D, a.k_group, reinterpret_cast<uint8_t*>(a.k_pool) + row * a.k_code_row,
+                                 const_cast<uint8_t*>(a.k_aux) + row * a.k_aux_row, params_s);
+  detail::quantize_row_block<VS>(v_s, a.D, a.v_group, reinterpret_cast<uint8_t*>(a.v_pool) + row * a.v_code_row,
+                                 const_cast<uint8_t*>(a.v_aux) + row * a.v_aux_row, params_s);
+}
+
+// T > 1 (after write_kv_kernel_q): attend_kernel's scheme, each lane group
+// dequantizing its 8 values of a key (codes and their group's params).
+template <typename KS, typename VS, int kMaxG>
+__global__ void __launch_bounds__(kThreads) attend_kernel_q(AttnArgs<detail::QKV<KS, VS>> a) {
+  using S = detail::QKV<KS, VS>;
+  constexpr int U = 4;  // keys in flight per lane group
+  extern __shared__ __align__(16) float smem[];
+  const int D = a.D;
+  float* q_s = smem;                                // [kMaxG, D]
+  float* red_o = q_s + kMaxG * D;                   // [kWarps, kMaxG, D]
+  float* red_ml = red_o + kWarps * kMaxG * D;       // [kWarps, kMaxG, 2]
+
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+
+  int bx = blockIdx.x;
+  const int h = bx % a.Hkv;
+  bx /= a.Hkv;
+  const int zg = bx % a.zgroups;
+  const int t = bx / a.zgroups;
+  const int split = blockIdx.y, splits = gridDim.y;
+
+  const int32_t p = a.pos[0] + t;
+  const SplitRange r = split_range(a, p, split, splits);
+  const int32_t c0 = r.c0, c1 = r.c1, n_active = r.n_active;
+  if (split >= n_active) return;  // block-uniform
+
+  const int g0 = zg * kMaxG;
+  const int Gz = min(kMaxG, a.G - g0);
+  const int hq0 = h * a.G + g0;
+  const uint8_t* kc = reinterpret_cast<const uint8_t*>(a.k_pool) + size_t(h) * a.rule.pool * a.k_code_row;
+  const uint8_t* vc = reinterpret_cast<const uint8_t*>(a.v_pool) + size_t(h) * a.rule.pool * a.v_code_row;
+  const uint8_t* ka = a.k_aux + size_t(h) * a.rule.pool * a.k_aux_row;
+  const uint8_t* va = a.v_aux + size_t(h) * a.rule.pool * a.v_aux_row;
+
+  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    q_s[i] = g < Gz ? a.q[t * a.q_stride + size_t(hq0 + g) * D + d] : 0.f;
+  }
+  __syncthreads();
+  if (a.prologue()) head_prologue(q_s, Gz, Gz, D, a.q_norm, nullptr, a.norm_eps, a.norm_plus_one, a.inv_freq, p);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int GS = D / 8;
+  const int KPW = 32 / GS;
+  const int NKG = kWarps * KPW;
+  const int e0 = (lane % GS) * 8;
+  const int kq = lane / GS;
+
+  float m[kMaxG], l[kMaxG], acc[kMaxG][8];
+#pragma unroll
+  for (int g = 0; g < kMaxG; ++g) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+  }
+
+  for (int32_t jb = c0 + warp * KPW; jb < c1; jb += NKG * U) {
+    typename detail::QTraits<KS>::Codes8 kr[U];
+    typename detail::QTraits<VS>::Codes8 vr[U];
+    uint32_t kp[U], vp[U];
+    bool valid[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int32_t j = jb + kq + u * NKG;
+      valid[u] = j < c1;
+      const size_t slot = valid[u] ? size_t(slot_of(a.rule, j)) : 0;  // row 0 stands in for a missing key
+      kr[u] = detail::load_codes8<KS>(kc + slot * a.k_code_row, e0);
+      vr[u] = detail::load_codes8<VS>(vc + slot * a.v_code_row, e0);
+      kp[u] = detail::load_params<KS>(ka + slot * a.k_aux_row, e0, a.k_group);
+      vp[u] = detail::load_params<VS>(va + slot * a.v_aux_row, e0, a.v_group);
+    }
+    float s[U][kMaxG];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float kf[8];
+      detail::dequant8<KS>(kr[u], kp[u], kf);
+#pragma unroll
+      for (int g = 0; g < kMaxG; ++g) {
+        float dot = dot8(q_s + g * D + e0, kf, -0.0f);
+        for (int off = GS >> 1; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+        float x = dot * a.scale;
+        if (a.softcap > 0.f) x = kvgraph::softcap(x, a.softcap);
+        s[u][g] = valid[u] ? x : -INFINITY;
+      }
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      float mx = m[g];
+#pragma unroll
+      for (int u = 0; u < U; ++u) mx = fmaxf(mx, s[u][g]);
+      const float corr = m[g] == -INFINITY ? 0.f : expf(m[g] - mx);
+      l[g] *= corr;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= corr;
+      m[g] = mx;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      float vf[8];
+      detail::dequant8<VS>(vr[u], vp[u], vf);
+#pragma unroll
+      for (int g = 0; g < kMaxG; ++g) {
+        const float pu = valid[u] ? expf(s[u][g] - m[g]) : 0.f;
+        l[g] += pu;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pu, valid[u] ? vf[e] : 0.f, acc[g][e]);
+      }
+    }
+  }
+
+  for (int off = GS; off < 32; off <<= 1) {
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m[g], off);
+      const float l2 = __shfl_xor_sync(0xffffffffu, l[g], off);
+      const float mn = fmaxf(m[g], m2);
+      const float c1_ = m[g] == -INFINITY ? 0.f : expf(m[g] - mn);
+      const float c2 = m2 == -INFINITY ? 0.f : expf(m2 - mn);
+      l[g] = l[g] * c1_ + l2 * c2;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float a2 = __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+        acc[g][e] = acc[g][e] * c1_ + a2 * c2;
+      }
+      m[g] = mn;
+    }
+  }
+
+  if (lane < GS) {
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red_o[(warp * kMaxG + g) * D + e0 + e] = acc[g][e];
+      if (lane == 0) {
+        red_ml[(warp * kMaxG + g) * 2] = m[g];
+        red_ml[(warp * kMaxG + g) * 2 + 1] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+  const bool single = n_active == 1;
+  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_ml[(w * kMaxG + g) * 2]);
+    float Ls = 0.f, O = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = red_ml[(w * kMaxG + g) * 2];
+      const float c = mw == -INFINITY ? 0.f : expf(mw - M);
+      Ls += red_ml[(w * kMaxG + g) * 2 + 1] * c;
+      O += red_o[(w * kMaxG + g) * D + d] * c;
+    }
+    const int hq = hq0 + g;
+    if (single) {
+      a.out[(size_t(t) * a.Hq + hq) * D + d] = O / Ls;
+    } else {
+      a.part_o[(size_t(hq) * a.ws_splits + split) * D + d] = O;
+      if (d == 0) {
+        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2] = M;
+        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2 + 1] = Ls;
+      }
+    }
+  }
+  if (single) return;
+
+  merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
+}
+
+// Decode (T == 1) over quantized pools: decode_kernel's tiles, with
+//  - the new k (after the prologue) and v rows quantized once per block into
+//    shared memory (the writer block copies those bytes to the pool), so the
+//    fresh key is read exactly as stored;
+//  - scores from 16-byte loads of codes (16 int8 / fp8 or 32 int4 values):
+//    per chunk sum_e q_e c_e in f32, then scale * that (+ bias * sum_e q_e
+//    for the affine formats, the chunk sums of q precomputed per block);
+//  - V rows' params read once per key in the scores pass (into shared
+//    memory), and P.V as (p * scale) * code (+ p * bias per group, added at
+//    the end), in registers.
+template <typename KS, typename VS, int kMaxG>
+__global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV<KS, VS>> a) {
+  using S = detail::QKV<KS, VS>;
+  using KT = detail::QTraits<KS>;
+  using VT = detail::QTraits<VS>;
+  constexpr int kKE = KT::kBits == 4 ? 32 : 16;  // K values per 16-byte chunk
+  extern __shared__ __align__(16) float smem[];
+  __shared__ float m_run[kMaxG], l_run[kMaxG], corr[kMaxG];
+  __shared__ uint32_t kparams_s[8], vparams_s[8];
+  const int D = a.D;
+  const int DS = D / 8;              // threads per V row in P.V (8 values each)
+  const int nKG = kThreads / DS;     // key groups in P.V
+  const int n_chunks = a.k_code_row / 16;  // 16-byte chunks of a K row (<= 16)
+  float* q_s = smem;                 // [kMaxG, D]
+  float* k_s = q_s + kMaxG * D;      // [D]: the new k row after the prologue
+  float* v_s = k_s + D;              // [D]: the new v row
+  float* qn_s = v_s + D;             // [D]: q_norm weights
+  float* kn_s = qn_s + D;            // [D]: k_norm weights
+  float* if_s = kn_s + D;            // [D / 2]: RoPE inverse frequencies
+  float* qsum_s = if_s + D / 2;      // [kMaxG, 16]: sum of q over each K chunk
+  float* sc = qsum_s + kMaxG * 16;   // [kMaxG, kTile]: scores, then probabilities
+  float* red = sc + kMaxG * kTile;   // [nKG, kMaxG, D]
+  uint32_t* vpar_s = reinterpret_cast<uint32_t*>(red + nKG * kMaxG * D);  // [kTile, 8]: V params of the tile's keys
+  uint8_t* kq_s = reinterpret_cast<uint8_t*>(vpar_s + kTile * 8);  // the new k row as stored: codes
+  uint8_t* kqa_s = kq_s + kMaxCodeRow;                             // ... and aux
+  uint8_t* vq_s = kqa_s + kMaxAuxRow;                              // the new v row as stored
+  uint8_t* vqa_s = vq_s + kMaxCodeRow;
+
+  detail::griddep_launch_dependents();
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    if (a.q_norm) qn_s[d] = a.q_norm[d];
+    if (a.k_norm) kn_s[d] = a.k_norm[d];
+    if (a.inv_freq && d < D / 2) if_s[d] = a.inv_freq[d];
+  }
+  detail::griddep_wait();
+
+  const int h = blockIdx.x % a.Hkv;
+  const int zg = blockIdx.x / a.Hkv;
+  const int split = blockIdx.y, splits = gridDim.y;
+  const int g0 = zg * kMaxG;
+  const int Gz = min(kMaxG, a.G - g0);
+  const int hq0 = h * a.G + g0;
+  const uint8_t* kc = reinterpret_cast<const uint8_t*>(a.k_pool) + size_t(h) * a.rule.pool * a.k_code_row;
+  const uint8_t* vc = reinterpret_cast<const uint8_t*>(a.v_pool) + size_t(h) * a.rule.pool * a.v_code_row;
+  const uint8_t* ka = a.k_aux + size_t(h) * a.rule.pool * a.k_aux_row;
+  const uint8_t* va = a.v_aux + size_t(h) * a.rule.pool * a.v_aux_row;
+
+  const int32_t p = a.pos[0];
+  const int lgD = __ffs(D) - 1;  // D is a power of two
+  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads)
+    q_s[i] = (i >> lgD) < Gz ? a.q[size_t(hq0) * D + i] : 0.f;
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    k_s[d] = a.k[size_t(h) * D + d];
+    v_s[d] = a.v[size_t(h) * D + d];
+  }
+  const SplitRange r = split_range(a, p, split, splits);
+  const int32_t c0 = r.c0, c1 = r.c1, n_active = r.n_active;
+  if (split >= n_active) return;  // block-uniform
+  if (threadIdx.x < kMaxG) {
+    m_run[threadIdx.x] = -INFINITY;
+    l_run[threadIdx.x] = 0.f;
+  }
+  __syncthreads();
+  if (a.prologue())
+    head_prologue(q_s, kMaxG + 1, kMaxG, D, a.q_norm ? qn_s : nullptr, a.k_norm ? kn_s : nullptr, a.norm_eps,
+                  a.norm_plus_one, a.inv_freq ? if_s : nullptr, p);
+  detail::quantize_row_block<KS>(k_s, D, a.k_group, kq_s, kqa_s, kparams_s);
+  detail::quantize_row_block<VS>(v_s, D, a.v_group, vq_s, vqa_s, vparams_s);
+  if (split == 0 && zg == 0 && p >= 0 && slot_of(a.rule, p) < a.rule.pool)
+    copy_stored_row(a, h, slot_of(a.rule, p), kq_s, kqa_s, vq_s, vqa_s);
+  if constexpr (KT::kAffine) {
+    for (int i = threadIdx.x; i < kMaxG * n_chunks; i += kThreads) {
+      const int g = i / n_chunks, c = i % n_chunks;
+      float sum = 0.f;
+      for (int e = 0; e < kKE; ++e) sum += q_s[g * D + c * kKE + e];
+      qsum_s[g * 16 + c] = sum;
+    }
+    __syncthreads();
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
+  const int vgi = VT::kAffine ? e0 / a.v_group : 0;  // this thread's V group
+  float acc[kMaxG][8], accb[kMaxG];
+#pragma unroll
+  for (int g = 0; g < kMaxG; ++g) {
+    accb[g] = 0.f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
+  }
+
+  constexpr int kPre = 16;  // V codes of the first kPre keys a thread accumulates, loaded before the scores
+  for (int32_t t0 = c0; t0 < c1; t0 += kTile) {
+    const int n = min(kTile, c1 - t0);
+    typename VT::Codes8 vpre[kPre];
+#pragma unroll
+    for (int m = 0; m < kPre; ++m) {
+      const int i = kg + m * nKG;
+      const int32_t j = t0 + i;
+      vpre[m] = i < n ? detail::load_codes8<VS>(j == p ? vq_s : vc + size_t(slot_of(a.rule, j)) * a.v_code_row, e0)
+                      : typename VT::Codes8{};
+    }
+    // (1) Scores: thread i owns key t0 + i; it also fetches that key's V params.
+    {
+      const int i = threadIdx.x;
+      const int32_t j = t0 + i;
+      float dot[kMaxG];
+#pragma unroll
+      for (int g = 0; g < kMaxG; ++g) dot[g] = 0.f;
+      if (i < n) {
+        const bool fresh = j == p;
+        const size_t slot = size_t(slot_of(a.rule, j));
+        const uint8_t* kr = fresh ? kq_s : kc + slot * a.k_code_row;
+        const uint8_t* kar = fresh ? kqa_s : ka + slot * a.k_aux_row;
+        const uint8_t* var = fresh ? vqa_s : va + slot * a.v_aux_row;
+        const int vg = VT::kAffine ? D / a.v_group : 1;
+        for (int k = 0; k < vg; ++k) vpar_s[i * 8 + k] = reinterpret_cast<const uint32_t*>(var)[k];
+#pragma unroll 8
+        for (int c = 0; c < n_chunks; ++c) {
+          const uint4 w = *reinterpret_cast<const uint4*>(kr + c * 16);
+          const uint32_t par = detail::load_params<KS>(kar, c * kKE, a.k_group);
+          float part[kMaxG];
+#pragma unroll
+          for (int g = 0; g < kMaxG; ++g) part[g] = -0.0f;
+#pragma unroll
+          for (int wi = 0; wi < 4; ++wi) {
+            const uint32_t u = wi == 0 ? w.x : wi == 1 ? w.y : wi == 2 ? w.z : w.w;
+            float f[kKE / 4];
+            detail::word_f<KS>(u, f);
+#pragma unroll
+            for (int g = 0; g < kMaxG; ++g) {
+              const float* qg = q_s + g * D + c * kKE + wi * (kKE / 4);
+#pragma unroll
+              for (int e = 0; e < kKE / 4; ++e) part[g] = fmaf(qg[e], f[e], part[g]);
+            }
+          }
+#pragma unroll
+          for (int g = 0; g < kMaxG; ++g) {
+            if constexpr (KT::kAffine) {
+              dot[g] = fmaf(detail::half_lo(par), part[g], dot[g]);
+              dot[g] = fmaf(detail::half_hi(par), qsum_s[g * 16 + c], dot[g]);
+            } else {
+              dot[g] = fmaf(__uint_as_float(par), part[g], dot[g]);
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < kMaxG; ++g) {
+        float x = dot[g] * a.scale;
+        if (a.softcap > 0.f) x = kvgraph::softcap(x, a.softcap);
+        sc[g * kTile + i] = i < n ? x : -INFINITY;
+      }
+    }
+    __syncthreads();
+    // (2) Online softmax, one warp per head.
+    for (int g = warp; g < Gz; g += kWarps) {
+      float mx = -INFINITY;
+      for (int i = lane; i < kTile; i += 32) mx = fmaxf(mx, sc[g * kTile + i]);
+      mx = detail::warp_max(mx);
+      const float m_new = fmaxf(m_run[g], mx);
+      float sum = 0.f;
+      for (int i = lane; i < kTile; i += 32) {
+        const float pz = expf(sc[g * kTile + i] - m_new);
+        sc[g * kTile + i] = pz;
+        sum += pz;
+      }
+      sum = detail::warp_sum(sum);
+      if (lane == 0) {
+        const float c = m_run[g] == -INFINITY ? 0.f : expf(m_run[g] - m_new);
+        corr[g] = c;
+        l_run[g] = l_run[g] * c + sum;
+        m_run[g] = m_new;
+      }
+    }
+    __syncthreads();
+    // (3) P.V: (p * scale) * code, and p * bias per group on the side.
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      const float c = g < Gz ? corr[g] : 0.f;
+      accb[g] *= c;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= c;
+    }
+    auto accumulate = [&](int i, const typename VT::Codes8& codes) {
+      float vf[8];
+      detail::codes_f<VS>(codes, vf);
+      const uint32_t par = vpar_s[i * 8 + vgi];
+#pragma unroll
+      for (int g = 0; g < kMaxG; ++g) {
+        const float pz = sc[g * kTile + i];
+        float ps;
+        if constexpr (VT::kAffine) {
+          ps = pz * detail::half_lo(par);
+          accb[g] = fmaf(pz, detail::half_hi(par), accb[g]);
+        } else {
+          ps = pz * __uint_as_float(par);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(ps, vf[e], acc[g][e]);
+      }
+    };
+#pragma unroll
+    for (int m = 0; m < kPre; ++m)
+      if (kg + m * nKG < n) accumulate(kg + m * nKG, vpre[m]);
+#pragma unroll 4
+    for (int i = kg + kPre * nKG; i < n; i += nKG) {
+      const int32_t j = t0 + i;
+      accumulate(i, detail::load_codes8<VS>(j == p ? vq_s : vc + size_t(slot_of(a.rule, j)) * a.v_code_row, e0));
+    }
+    __syncthreads();  // sc, corr and vpar_s are rewritten by the next tile
+  }
+
+#pragma unroll
+  for (int g = 0; g < kMaxG; ++g)
+#pragma unroll
+    for (int e = 0; e < 8; ++e) red[(kg * kMaxG + g) * D + e0 + e] = acc[g][e] + accb[g];
+  __syncthreads();
+  const bool single = n_active == 1;
+  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    float O = 0.f;
+    for (int k = 0; k < nKG; ++k) O += red[(k * kMaxG + g) * D + d];
+    const int hq = hq0 + g;
+    if (single) {
+      a.out[size_t(hq) * D + d] = O / l_run[g];
+    } else {
+      a.part_o[(size_t(hq) * a.ws_splits + split) * D + d] = O;
+      if (d == 0) {
+        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2] = m_run[g];
+        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2 + 1] = l_run[g];
+      }
+    }
+  }
+  if (single) return;
+
+  merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out);
+}
+
 int group_bucket(int G) { return G >= 5 ? 8 : G >= 3 ? 4 : G; }
 
 void validate(const AttentionParams& p) {
@@ -659,6 +1147,8 @@ void validate(const AttentionParams& p) {
   if (!p.q || !p.k || !p.v || !p.k_pool || !p.v_pool || !p.out || !p.pos) fail_op("attention", "null pointer");
   if (reinterpret_cast<uintptr_t>(p.k_pool) % 16 || reinterpret_cast<uintptr_t>(p.v_pool) % 16)
     fail_op("attention", "pools must be 16-byte aligned");
+  if ((p.k_format.quantized() && !p.k_aux) || (p.v_format.quantized() && !p.v_aux))
+    fail_op("attention", "a quantized pool without its scales");
 }
 
 template <typename S>
@@ -672,6 +1162,14 @@ AttnArgs<S> make_args(const AttentionParams& p) {
   a.v_stride = p.v_stride ? p.v_stride : int64_t(p.n_kv_heads) * p.head_dim;
   a.k_pool = static_cast<S*>(p.k_pool);
   a.v_pool = static_cast<S*>(p.v_pool);
+  a.k_aux = static_cast<const uint8_t*>(p.k_aux);
+  a.v_aux = static_cast<const uint8_t*>(p.v_aux);
+  a.k_code_row = static_cast<int>(p.k_format.code_bytes(p.head_dim));
+  a.v_code_row = static_cast<int>(p.v_format.code_bytes(p.head_dim));
+  a.k_aux_row = static_cast<int>(p.k_format.aux_bytes(p.head_dim));
+  a.v_aux_row = static_cast<int>(p.v_format.aux_bytes(p.head_dim));
+  a.k_group = p.k_format.group;
+  a.v_group = p.v_format.group;
   a.out = p.out;
   a.pos = p.pos;
   a.rule = p.rule;
@@ -695,16 +1193,29 @@ AttnArgs<S> make_args(const AttentionParams& p) {
 // block's fixed latency (prologue, merge) for little work each (measured on
 // the H200, llama3.1-8b at 8K keys: 5.90 -> 5.35 ms/token with 512 blocks of
 // 256 keys instead of 1024 of 128).
+// Several queries (a.T <= kMaxDecodeQueries): the one-token grid once per
+// query, with the one-token kernel's split count (what makes each query's
+// sums those of a decode step), partials in rows t * Hq + hq.
 template <typename S, int kMaxG>
-void launch_decode(AttnArgs<S> a, int max_splits, Launch stream) {
+void launch_decode(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
   const int nKG = kThreads / (a.D / 8);
   const size_t smem =
       (size_t(kMaxG) * a.D + 4 * a.D + a.D / 2 + size_t(kMaxG) * kTile + size_t(nKG) * kMaxG * a.D) * sizeof(float);
   int per_sm = 0;
-  KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<S, kMaxG>, kThreads, smem));
+  KVGRAPH_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<S, kMaxG, false>, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
   const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
-  launch(decode_kernel<S, kMaxG>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, a);
+  if (a.T == 1) {
+    launch(decode_kernel<S, kMaxG, false>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, a);
+    return;
+  }
+  a.ws_splits = splits;  // rows of `splits` partials: T queries fit where one-token steps use max_splits
+  if (size_t(a.T) * a.Hq * splits * a.D > ws.partial_out_floats() || a.T * pairs > ws.counter_count())
+    fail_op("attention", "a step of " + std::to_string(a.T) + " queries needs more split-KV scratch than the "
+                         "workspace holds (" + std::to_string(a.Hq) + " heads of dim " + std::to_string(a.D) + ")");
+  launch(decode_kernel<S, kMaxG, true>, dim3(static_cast<unsigned>(a.T * pairs), splits), dim3(kThreads), smem, stream,
+         a);
 }
 
 // Fewest keys a decode split takes. Automatic (workspace min_chunk 0): about
@@ -744,9 +1255,10 @@ AttentionWorkspace::AttentionWorkspace(int max_q_heads, int max_head_dim, int ma
   if (max_splits < 1 || max_splits > kMaxSplits)
     fail_op("attention", "max_splits must be in [1, " + std::to_string(kMaxSplits) + "]");
   if (min_chunk < 0) fail_op("attention", "min_chunk must be >= 0 (0: automatic)");
-  partial_out_ = DeviceBuffer(size_t(max_q_heads) * max_splits * max_head_dim * sizeof(float));
-  partial_ml_ = DeviceBuffer(size_t(max_q_heads) * max_splits * 2 * sizeof(float));
-  counters_ = DeviceBuffer(size_t(max_q_heads) * sizeof(unsigned));
+  partial_out_ = DeviceBuffer(partial_out_floats() * sizeof(float));
+  // (m, l) pairs and counters for kMaxDecodeQueries queries of max_q_heads heads.
+  partial_ml_ = DeviceBuffer(size_t(max_q_heads) * kMaxDecodeQueries * max_splits * 2 * sizeof(float));
+  counters_ = DeviceBuffer(size_t(counter_count()) * sizeof(unsigned));
   counters_.zero();
 }
 
@@ -761,30 +1273,127 @@ int AttentionWorkspace::choose_splits(int n_kv_heads, int64_t max_visible, int m
 
 // ---------------------------------------------------------------- entry points
 
+namespace {
+
+template <typename S>
+constexpr bool is_quant = false;
+template <typename KS, typename VS>
+constexpr bool is_quant<detail::QKV<KS, VS>> = true;
+
+// Typed dispatch on the layer's K and V formats: f(tag) with tag float /
+// bf16 / f16 (K and V in one plain format) or QKV<KS, VS> (quantized pairs
+// with a kernel: one format for both, or K int8 with V int4).
+template <typename F>
+void dispatch_kv(KvFormat k, KvFormat v, F&& f) {
+  using namespace detail;
+  if (!k.quantized() && !v.quantized()) {
+    if (k.type != v.type) fail_op("attention", kv_cuda_problem(KvStorage{k, v}));
+    return dispatch_storage(k.dtype, "attention", f);
+  }
+  if (k.type == KvType::Int8 && v.type == KvType::Int8) return f(QKV<q8, q8>{});
+  if (k.type == KvType::Int4 && v.type == KvType::Int4) return f(QKV<q4, q4>{});
+  if (k.type == KvType::Fp8 && v.type == KvType::Fp8) return f(QKV<e4m3, e4m3>{});
+  if (k.type == KvType::Int8 && v.type == KvType::Int4) return f(QKV<q8, q4>{});
+  fail_op("attention", kv_cuda_problem(KvStorage{k, v}));
+}
+
+template <typename S>
+void launch_write(const AttnArgs<S>& a, Launch stream) {
+  const dim3 grid(static_cast<unsigned>(int64_t(a.T) * a.Hkv));
+  if constexpr (is_quant<S>) {
+    launch(write_kv_kernel_q<typename S::K, typename S::V>, grid, dim3(64), 0, stream, a);
+  } else {
+    launch(write_kv_kernel<S>, grid, dim3(64), 0, stream, a);
+  }
+}
+
+// Dynamic shared memory of decode_kernel_q at head dim D.
+template <int kMaxG>
+size_t decode_q_smem(int D) {
+  const int nKG = kThreads / (D / 8);
+  return (size_t(kMaxG) * D + 4 * D + D / 2 + size_t(kMaxG) * 16 + size_t(kMaxG) * kTile + size_t(nKG) * kMaxG * D) *
+             sizeof(float) +
+         size_t(kTile) * 8 * sizeof(uint32_t) + 2 * size_t(kMaxCodeRow + kMaxAuxRow);
+}
+
+template <typename KS, typename VS, int kMaxG>
+void launch_decode_q(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, Launch stream) {
+  // Above 48 KB (8 heads a block at head dim 128 and up) the kernel must opt
+  // in, once, for the most any head dim needs.
+  static const bool opted_in = [] {
+    const size_t most = std::max(decode_q_smem<kMaxG>(128), decode_q_smem<kMaxG>(256));
+    if (most > 48 * 1024)
+      KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_q<KS, VS, kMaxG>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
+    return true;
+  }();
+  (void)opted_in;
+  const size_t smem = decode_q_smem<kMaxG>(a.D);
+  int per_sm = 0;
+  KVGRAPH_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel_q<KS, VS, kMaxG>, kThreads, smem));
+  const int pairs = a.zgroups * a.Hkv;
+  const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+  launch(decode_kernel_q<KS, VS, kMaxG>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, a);
+}
+
+template <typename KS, typename VS, int kMaxG>
+void launch_attend_q(AttnArgs<detail::QKV<KS, VS>> a, int splits, Launch stream) {
+  const size_t smem = (size_t(kMaxG) * a.D * (1 + kWarps) + size_t(kWarps) * kMaxG * 2) * sizeof(float);
+  const int64_t nx = int64_t(a.T) * a.zgroups * a.Hkv;
+  launch(attend_kernel_q<KS, VS, kMaxG>, dim3(static_cast<unsigned>(nx), splits), dim3(kThreads), smem, stream, a);
+}
+
+template <typename S, int kMaxG>
+void launch_decode_any(AttnArgs<S> a, int splits, const AttentionWorkspace& ws, Launch stream) {
+  if constexpr (is_quant<S>) {
+    launch_decode_q<typename S::K, typename S::V, kMaxG>(a, splits, stream);
+  } else {
+    launch_decode<S, kMaxG>(a, splits, ws, stream);
+  }
+}
+
+template <typename S, int kMaxG>
+void launch_attend_any(AttnArgs<S> a, int splits, Launch stream) {
+  if constexpr (is_quant<S>) {
+    launch_attend_q<typename S::K, typename S::V, kMaxG>(a, splits, stream);
+  } else {
+    launch_attend<S, kMaxG>(a, splits, stream);
+  }
+}
+
+}  // namespace
+
 void write_kv(const AttentionParams& p, Launch stream) {
   validate(p);
-  dispatch_storage(p.storage, "attention", [&](auto tag) {
-    using S = decltype(tag);
-    AttnArgs<S> a = make_args<S>(p);
-    launch(write_kv_kernel<S>, dim3(static_cast<unsigned>(int64_t(p.T) * p.n_kv_heads)), dim3(64), 0, stream, a);
-  });
+  dispatch_kv(p.k_format, p.v_format, [&](auto tag) { launch_write(make_args<decltype(tag)>(p), stream); });
 }
 
 void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch stream) {
   validate(p);
   const int G = p.n_q_heads / p.n_kv_heads;
   const bool legacy = ws.tuning().legacy_decode_attention;
-  const int bucket = group_bucket(std::min(G, p.T == 1 && !legacy ? decode_heads(ws, p.rule) : 8));
-  dispatch_storage(p.storage, "attention", [&](auto tag) {
+  dispatch_kv(p.k_format, p.v_format, [&](auto tag) {
     using S = decltype(tag);
+    // Steps of up to kMaxDecodeQueries tokens run each query as a decode step
+    // (bitwise: a speculative verify step's rows are decode steps'); longer
+    // ones (prefill chunks) go to attend_kernel. Over quantized pools only
+    // one-token steps do (decode_kernel_q takes one query).
+    const bool decode = !legacy && (is_quant<S> ? p.T == 1 : p.T <= kMaxDecodeQueries);
+    const int bucket = group_bucket(std::min(G, decode ? decode_heads(ws, p.rule) : 8));
     AttnArgs<S> a = make_args<S>(p);
     a.zgroups = (G + bucket - 1) / bucket;
     int splits = 1;
-    if (p.T == 1) {
+    if (p.T == 1 || decode) {
       if (p.n_q_heads > ws.max_q_heads() || p.head_dim > ws.max_head_dim())
         fail_op("attention", "workspace too small for " + std::to_string(p.n_q_heads) + " heads of dim " +
                                  std::to_string(p.head_dim));
-      a.fused_write = true;
+      // The step's rows are written first when it has several queries (query
+      // t reads rows pos .. pos + t - 1 from the pool), and under the legacy
+      // kernel over quantized pools (write_kv_kernel_q quantizes them);
+      // otherwise the kernel writes the new row itself.
+      a.fused_write = p.T == 1 && !(is_quant<S> && legacy);
+      if (!a.fused_write) launch_write(a, stream);
       a.min_chunk = decode_min_chunk(ws, p.head_dim);
       // No more splits than the longest visible span can fill: the grid is
       // fixed when a step is recorded, and blocks past the span only exit.
@@ -795,24 +1404,24 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
       a.part_ml = ws.partial_ml();
       a.counters = ws.counters();
     } else {
-      launch(write_kv_kernel<S>, dim3(static_cast<unsigned>(int64_t(p.T) * p.n_kv_heads)), dim3(64), 0, stream, a);
+      launch_write(a, stream);
       a.fused_write = false;
       a.min_chunk = 1;
     }
-    if (p.T == 1 && !legacy) {
+    if (decode) {
       switch (bucket) {
-        case 1: launch_decode<S, 1>(a, splits, stream); break;
-        case 2: launch_decode<S, 2>(a, splits, stream); break;
-        case 4: launch_decode<S, 4>(a, splits, stream); break;
-        default: launch_decode<S, 8>(a, splits, stream); break;
+        case 1: launch_decode_any<S, 1>(a, splits, ws, stream); break;
+        case 2: launch_decode_any<S, 2>(a, splits, ws, stream); break;
+        case 4: launch_decode_any<S, 4>(a, splits, ws, stream); break;
+        default: launch_decode_any<S, 8>(a, splits, ws, stream); break;
       }
       return;
     }
     switch (bucket) {
-      case 1: launch_attend<S, 1>(a, splits, stream); break;
-      case 2: launch_attend<S, 2>(a, splits, stream); break;
-      case 4: launch_attend<S, 4>(a, splits, stream); break;
-      default: launch_attend<S, 8>(a, splits, stream); break;
+      case 1: launch_attend_any<S, 1>(a, splits, stream); break;
+      case 2: launch_attend_any<S, 2>(a, splits, stream); break;
+      case 4: launch_attend_any<S, 4>(a, splits, stream); break;
+      default: launch_attend_any<S, 8>(a, splits, stream); break;
     }
   });
 }

@@ -18,9 +18,38 @@ void CudaContext::submit(std::function<void()>, bool) {
   fail("stream", "a host closure was submitted to a CUDA stream (an op without a CUDA path)");
 }
 
-void CudaContext::begin_record() { graph_.begin_capture(stream_.get()); }
-void CudaContext::end_record() { graph_.end_capture(); }
-void CudaContext::replay() { graph_.launch(stream_.get()); }
+void CudaContext::begin_record(int slot) {
+  CudaGraph& g = graphs_[slot];  // std::map: the reference stays valid as slots are added
+  g.begin_capture(stream_.get());
+  capturing_ = &g;
+}
+
+void CudaContext::end_record() {
+  CudaGraph* g = capturing_;
+  capturing_ = nullptr;
+  if (!g) fail("stream", "end_record without begin_record");
+  g->end_capture();
+}
+
+void CudaContext::replay(int slot) { graphs_.at(slot).launch(stream_.get()); }
+
+bool CudaContext::has_recording(int slot) const {
+  auto it = graphs_.find(slot);
+  return it != graphs_.end() && it->second.ready();
+}
+
+void CudaContext::discard_recording(int slot) {
+  if (slot < 0) {
+    for (auto& [s, g] : graphs_) g.reset();
+  } else if (auto it = graphs_.find(slot); it != graphs_.end()) {
+    it->second.reset();
+  }
+}
+
+size_t CudaContext::recorded_ops(int slot) const {
+  auto it = graphs_.find(slot);
+  return it == graphs_.end() ? 0 : it->second.node_count();
+}
 
 void CudaContext::set_tuning(const Tuning& t) {
   tuning_ = t;

@@ -5,6 +5,8 @@
 // exactly as long as the stream. Plain C++ (g++-compiled files include it).
 #include <cuda_runtime_api.h>
 
+#include <map>
+
 #include "kvgraph/stream.h"
 #include "ops/backend.h"
 #include "ops/cuda/kernels.h"
@@ -18,12 +20,12 @@ class CudaContext final : public StreamBackend {
   ~CudaContext() override;
 
   void submit(std::function<void()> fn, bool recording) override;
-  void begin_record() override;
+  void begin_record(int slot) override;
   void end_record() override;
-  void replay() override;
-  bool has_recording() const override { return graph_.ready(); }
-  void discard_recording() override { graph_.reset(); }
-  size_t recorded_ops() const override { return graph_.node_count(); }
+  void replay(int slot) override;
+  bool has_recording(int slot) const override;
+  void discard_recording(int slot) override;
+  size_t recorded_ops(int slot) const override;
   void synchronize() override { stream_.synchronize(); }
   void reserve_reads(int n) override;
   void queue_read_i32(const int32_t* src, int slot) override;
@@ -40,7 +42,8 @@ class CudaContext final : public StreamBackend {
  private:
   Tuning tuning_;
   CudaStream stream_;
-  CudaGraph graph_;
+  std::map<int, CudaGraph> graphs_;  // recordings by slot
+  CudaGraph* capturing_ = nullptr;
   int32_t* pinned_ = nullptr;
   GemmContext gemm_;
   AttentionWorkspace attention_{/*max_q_heads=*/128, /*max_head_dim=*/256, /*max_splits=*/64, /*min_chunk=*/0};

@@ -139,6 +139,12 @@ void advance_position(int32_t* pos, int n, Launch stream);
 // rows, so each x value loaded serves four rows.
 using GemvShape = Tuning::Gemv;
 
+// Steps of up to this many tokens go through the GEMV (each weight vector
+// read once for all of them), every token's row summed exactly as a
+// one-token GEMV sums it: bitwise the same values (a speculative verify
+// step's rows are decode steps'). Larger steps go to cuBLAS.
+constexpr int kMaxGemvTokens = 8;
+
 struct LinearParams {
   const float* x = nullptr;      // f32 [T, K]
   const void* w = nullptr;       // w_dtype [N, K] row-major
@@ -168,7 +174,8 @@ struct LinearParams {
   int group = 0;
   const void* scales = nullptr;
   const void* biases = nullptr;
-  // T == 1 on quantized weights (Tuning::quantized_int8_x): each block
+  // T == 1 on quantized weights (Tuning::quantized_int8_x; several tokens
+  // take the f32-x kernel, so they are not bitwise a T == 1 step): each block
   // quantizes x (after the norm prologue) to int8 per vector of the weights
   // (absmax / 127) in shared memory and takes integer dot products (DP4A);
   // results within int8 rounding of x (about 1e-3 relative), not bitwise
@@ -177,8 +184,8 @@ struct LinearParams {
 };
 
 // Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.
-// Not needed (may be null) for T == 1, which never touches cuBLAS and never
-// allocates, so it can be captured into a graph.
+// Not needed (may be null) for T <= kMaxGemvTokens, which never touches
+// cuBLAS and never allocates, so it can be captured into a graph.
 class GemmContext {
  public:
   GemmContext();
@@ -194,8 +201,9 @@ class GemmContext {
   Impl* impl_ = nullptr;
 };
 
-// T == 1: a bandwidth-bound GEMV (16-byte weight loads streamed past L1,
-// f32 accumulation, 2 rows per group of threads). T > 1: cuBLAS (bf16 weights:
+// T <= kMaxGemvTokens: a bandwidth-bound GEMV (16-byte weight loads streamed
+// past L1, f32 accumulation, 2 rows per group of threads; 8 for several
+// tokens). Beyond: cuBLAS (bf16 weights:
 // x rounded to bf16 in scratch, bf16 x bf16 -> f32 with f32 accumulation;
 // f32 weights: f32 GEMM without TF32), then the epilogue.
 void linear(const LinearParams& p, GemmContext* gemm, Launch stream);
@@ -206,8 +214,12 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream);
 // The resolved update_and_attend call the op front hands to the backends.
 using AttentionParams = ops::AttendCall;
 
-// Split-KV scratch for decode (T == 1): partial outputs, partial (max, sum)
-// and one merge counter per (kv head, query-head group). Allocate once per
+// Steps of up to this many tokens attend each query as a decode step (split
+// KV, the one-token grid per query): bitwise the outputs of one-token steps.
+constexpr int kMaxDecodeQueries = 8;
+
+// Split-KV scratch for decode (T <= kMaxDecodeQueries): partial outputs,
+// partial (max, sum) and one merge counter per (query, kv head, query-head group). Allocate once per
 // session (it serves every layer whose heads fit) and never resize while a
 // graph that uses it lives. Counters start at zero and are reset by the kernel.
 class AttentionWorkspace {
@@ -230,9 +242,13 @@ class AttentionWorkspace {
   // and a chunk that overrides min_chunk when non-zero.
   void tune(const Tuning& t) { tuning_ = t; }
   const Tuning& tuning() const { return tuning_; }
-  float* partial_out() const { return partial_out_.as<float>(); }  // f32 [max_q_heads, max_splits, max_head_dim]
-  float* partial_ml() const { return partial_ml_.as<float>(); }    // f32 [max_q_heads, max_splits, 2]
-  unsigned* counters() const { return counters_.as<unsigned>(); }  // u32 [max_q_heads]
+  // One-token steps: f32 [max_q_heads, max_splits, head_dim]; a step of T
+  // queries: [T * n_q_heads, splits, head_dim] (needs that many floats).
+  float* partial_out() const { return partial_out_.as<float>(); }
+  size_t partial_out_floats() const { return size_t(max_q_heads_) * max_splits_ * max_head_dim_; }
+  float* partial_ml() const { return partial_ml_.as<float>(); }    // f32 [kMaxDecodeQueries * max_q_heads, max_splits, 2]
+  unsigned* counters() const { return counters_.as<unsigned>(); }  // u32 [counter_count()]
+  int counter_count() const { return kMaxDecodeQueries * max_q_heads_; }
 
  private:
   int max_q_heads_, max_head_dim_, max_splits_, min_chunk_;
@@ -248,7 +264,10 @@ class AttentionWorkspace {
 //           (n_kv_heads x query-head groups, ws.max_splits()); each block reads
 //           one KV head once for its whole GQA group; the last block of a head
 //           merges the partials (log-sum-exp). Capturable.
-//   T > 1 : a write kernel, then one block per (query, kv head, group).
+//   T <= kMaxDecodeQueries: a write kernel, then that grid once per query
+//           (each query's output bitwise a one-token step's). Capturable.
+//   T > kMaxDecodeQueries: a write kernel, then one block per (query, kv head, group).
+//   Tuning::legacy_decode_attention: every T through the last path.
 // Preconditions (checked by the caller / the planner, not here): a flat pool
 // has room for pos+T-1; a ring step has T <= max_write.
 void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch stream);

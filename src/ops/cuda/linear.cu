@@ -1,8 +1,11 @@
 // linear: out = x @ w^T (+ bias) (+ residual), or gated (act(gate) * up),
 // optionally with x RMS-normalised first (LinearParams::norm).
-//   T == 1: our own bandwidth-bound GEMV (graph-capturable, no allocation);
-//           the norm is folded in (template flag kNorm).
-//   T  > 1: (norm into scratch,) cuBLAS GEMM, then a small epilogue kernel.
+//   T <= kMaxGemvTokens: our own bandwidth-bound GEMV (graph-capturable, no
+//           allocation); the norm is folded in (template flag kNorm). Every
+//           token's row is summed exactly as a one-token GEMV sums it (the
+//           same threads per row group, the same order), so a speculative
+//           verify step's rows are bitwise decode steps'.
+//   T  > kMaxGemvTokens: (norm into scratch,) cuBLAS GEMM, then a small epilogue kernel.
 #include <cublas_v2.h>
 
 #include <algorithm>
@@ -38,26 +41,29 @@ struct GemvArgs {
   const float* norm;  // f32 [K]
   float norm_add;
   float norm_eps;
+  int T;  // tokens: x [T, K], out [T, N] ([T, N / 2] gated), residual [T, N]
 };
 
-// Rows n0 and n0 + 1 are finished by one thread: bias, residual or gate.
+// Rows n0 and n0 + 1 of token t are finished by one thread: bias, residual or gate.
 template <typename W>
-__device__ __forceinline__ void gemv_epilogue(const GemvArgs<W>& a, int n0, float acc0, float acc1) {
+__device__ __forceinline__ void gemv_epilogue(const GemvArgs<W>& a, int t, int n0, float acc0, float acc1) {
   const bool ok0 = n0 < a.N, ok1 = n0 + 1 < a.N;
+  float* out = a.out + size_t(t) * (a.gated ? a.N / 2 : a.N);
   if (a.bias) {
     if (ok0) acc0 += detail::to_f32(a.bias[n0]);
     if (ok1) acc1 += detail::to_f32(a.bias[n0 + 1]);
   }
   if (a.gated) {  // N is even, n0 is even: both rows exist together
-    if (ok0) a.out[n0 / 2] = activate(acc0, a.act) * acc1;
+    if (ok0) out[n0 / 2] = activate(acc0, a.act) * acc1;
     return;
   }
   if (a.residual) {
-    if (ok0) acc0 += a.residual[n0];
-    if (ok1) acc1 += a.residual[n0 + 1];
+    const float* res = a.residual + size_t(t) * a.N;
+    if (ok0) acc0 += res[n0];
+    if (ok1) acc1 += res[n0 + 1];
   }
-  if (ok0) a.out[n0] = acc0;
-  if (ok1) a.out[n0 + 1] = acc1;
+  if (ok0) out[n0] = acc0;
+  if (ok1) out[n0 + 1] = acc1;
 }
 
 // Weights stream through once per token: skip L1 and mark them evict-first in
@@ -141,33 +147,34 @@ __device__ __forceinline__ float dot16_h(uint4 w, const float (&h)[4], float acc
   return acc;
 }
 
-// The end of a GEMV group's work: reduce each row's partial sums (and the
-// norm's sum of squares) over the group's threads in a fixed order
+// The end of a GEMV group's work for token t: reduce each row's partial sums
+// (and the norm's sum of squares) over the group's threads in a fixed order
 // (deterministic), scale by the norm, then the epilogue, by the group's
-// first thread.
-template <typename W, int kTPR, bool kNorm, int kRows>
-__device__ __forceinline__ void finish_rows(const GemvArgs<W>& a, int n0, int group, int tig, float (&acc)[kRows],
-                                            float ss) {
+// first thread. kT: the tokens the kernel carries (each has its own
+// reduction slots, so token t + 1 never waits for token t's readers).
+template <typename W, int kTPR, bool kNorm, int kRows, int kT>
+__device__ __forceinline__ void finish_rows(const GemvArgs<W>& a, int t, int n0, int group, int tig,
+                                            float (&acc)[kRows], float ss) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) acc[r] = detail::warp_sum(acc[r]);
   if constexpr (kNorm) ss = detail::warp_sum(ss);
   if constexpr (kTPR > 32) {
     constexpr int kWarps = kTPR / 32;
-    __shared__ float red[kBlock / 32][kRows + 1];
+    __shared__ float red[kT][kBlock / 32][kRows + 1];
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     if (lane == 0) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) red[warp][r] = acc[r];
-      red[warp][kRows] = ss;
+      for (int r = 0; r < kRows; ++r) red[t][warp][r] = acc[r];
+      red[t][warp][kRows] = ss;
     }
     __syncthreads();
     if (tig != 0) return;
 #pragma unroll
     for (int r = 0; r <= kRows; ++r) {
-      float t = 0.f;
+      float sum = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) t += red[group * kWarps + w][r];
-      if (r < kRows) acc[r] = t; else ss = t;
+      for (int w = 0; w < kWarps; ++w) sum += red[t][group * kWarps + w][r];
+      if (r < kRows) acc[r] = sum; else ss = sum;
     }
   } else {
     if (tig != 0) return;
@@ -178,20 +185,23 @@ __device__ __forceinline__ void finish_rows(const GemvArgs<W>& a, int n0, int gr
     for (int r = 0; r < kRows; ++r) acc[r] *= inv;
   }
 #pragma unroll
-  for (int r = 0; r < kRows; r += 2) gemv_epilogue(a, n0 + r, acc[r], acc[r + 1]);
+  for (int r = 0; r < kRows; r += 2) gemv_epilogue(a, t, n0 + r, acc[r], acc[r + 1]);
 }
 
 // GEMV with 16-byte weight loads. A group of kTPR threads (a warp, or the
-// whole block) computes two adjacent rows; thread i of a group reads vectors
-// i, i + kTPR, ... of both rows, kUnroll iterations of loads issued before any
-// use. The first batch of weight loads is issued before waiting for the
-// previous kernel (PDL): weights never depend on it.
+// whole block) computes kRows adjacent rows; thread i of a group reads
+// vectors i, i + kTPR, ... of its rows, kUnroll iterations of loads issued
+// before any use. The first batch of weight loads is issued before waiting
+// for the previous kernel (PDL): weights never depend on it.
 // kNorm: the RMSNorm prologue. Every group re-reduces the whole x (it reads
 // all of x for its dot products anyway): sum(w * x * g) and sum(x^2) side by
 // side, reduced in the same fixed order, and the dot products are scaled by
 // rsqrt(mean(x^2) + eps) before the epilogue. kNorm == false is the plain GEMV.
+// kT: the most tokens (a.T of them, each weight vector loaded once for all):
+// a token's row sums take the same vectors in the same order whatever
+// kUnroll, kRows and kT are, so they depend on kTPR alone.
 // Requires K % (16 / sizeof(W)) == 0 and 16-byte aligned w and x (and norm).
-template <typename W, int kTPR, int kUnroll, bool kNorm, int kRows>
+template <typename W, int kTPR, int kUnroll, bool kNorm, int kRows, int kT>
 __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
   static_assert(kRows % 2 == 0, "rows come in (gate, up) pairs");
   constexpr int kVE = 16 / sizeof(W);  // elements per 16-byte vector
@@ -199,6 +209,7 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
   const int group = threadIdx.x / kTPR, tig = threadIdx.x % kTPR;
   const int n0 = (blockIdx.x * kGroups + group) * kRows;
   const int nvec = a.K / kVE;
+  const int T = kT == 1 ? 1 : a.T;
   const uint4* wr[kRows];
   bool ok[kRows];
 #pragma unroll
@@ -209,9 +220,13 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
   const uint64_t pol = evict_first_policy();
   detail::griddep_launch_dependents();
 
-  float acc[kRows], ss = 0.f;
+  float acc[kT][kRows], ss[kT];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+  for (int t = 0; t < kT; ++t) {
+    ss[t] = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[t][r] = 0.f;
+  }
   bool waited = false;
   for (int base = 0; base < nvec; base += kTPR * kUnroll) {
     uint4 wv[kRows][kUnroll];
@@ -230,26 +245,35 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = base + u * kTPR + tig;
       if (vi < nvec) {
-        if constexpr (kNorm) {
-          float h[kVE];
-          ss = load_normed(a.x + size_t(vi) * kVE, a.norm + size_t(vi) * kVE, a.norm_add, h, ss);
 #pragma unroll
-          for (int r = 0; r < kRows; ++r) acc[r] = dot16_h(wv[r][u], h, acc[r], W{});
-        } else {
-          const float* xv = a.x + size_t(vi) * kVE;
+        for (int t = 0; t < kT; ++t) {
+          if (t >= T) break;
+          const float* xt = a.x + size_t(t) * a.K + size_t(vi) * kVE;
+          if constexpr (kNorm) {
+            float h[kVE];
+            ss[t] = load_normed(xt, a.norm + size_t(vi) * kVE, a.norm_add, h, ss[t]);
 #pragma unroll
-          for (int r = 0; r < kRows; ++r) acc[r] = dot16(wv[r][u], xv, acc[r], W{});
+            for (int r = 0; r < kRows; ++r) acc[t][r] = dot16_h(wv[r][u], h, acc[t][r], W{});
+          } else {
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) acc[t][r] = dot16(wv[r][u], xt, acc[t][r], W{});
+          }
         }
       }
     }
   }
   if (!waited) detail::griddep_wait();
 
-  finish_rows<W, kTPR, kNorm, kRows>(a, n0, group, tig, acc, ss);
+#pragma unroll
+  for (int t = 0; t < kT; ++t) {
+    if (t >= T) break;
+    finish_rows<W, kTPR, kNorm, kRows, kT>(a, t, n0, group, tig, acc[t], ss[t]);
+  }
 }
 
 // Fallback for unaligned pointers or K not a multiple of the vector width:
-// one warp per pair of rows, scalar loads. kNorm as in gemv_kernel.
+// one warp per pair of rows, scalar loads, each of the a.T tokens in turn
+// (the same sums for any T). kNorm as in gemv_kernel.
 template <typename W, bool kNorm>
 __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
   detail::griddep_launch_dependents();
@@ -259,24 +283,27 @@ __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
   const bool ok0 = n0 < a.N, ok1 = n0 + 1 < a.N;
   const W* w0 = a.w + size_t(ok0 ? n0 : 0) * a.K;
   const W* w1 = a.w + size_t(ok1 ? n0 + 1 : 0) * a.K;
-  float acc0 = 0.f, acc1 = 0.f, ss = 0.f;
-  for (int k = lane; k < a.K; k += 32) {
-    float xk = a.x[k];
-    if constexpr (kNorm) {
-      ss = fmaf(xk, xk, ss);
-      xk *= a.norm_add + a.norm[k];
+  for (int t = 0; t < a.T; ++t) {
+    const float* x = a.x + size_t(t) * a.K;
+    float acc0 = 0.f, acc1 = 0.f, ss = 0.f;
+    for (int k = lane; k < a.K; k += 32) {
+      float xk = x[k];
+      if constexpr (kNorm) {
+        ss = fmaf(xk, xk, ss);
+        xk *= a.norm_add + a.norm[k];
+      }
+      if (ok0) acc0 = fmaf(detail::to_f32(w0[k]), xk, acc0);
+      if (ok1) acc1 = fmaf(detail::to_f32(w1[k]), xk, acc1);
     }
-    if (ok0) acc0 = fmaf(detail::to_f32(w0[k]), xk, acc0);
-    if (ok1) acc1 = fmaf(detail::to_f32(w1[k]), xk, acc1);
+    acc0 = detail::warp_sum(acc0);
+    acc1 = detail::warp_sum(acc1);
+    if constexpr (kNorm) {
+      const float inv = rsqrtf(detail::warp_sum(ss) / a.K + a.norm_eps);
+      acc0 *= inv;
+      acc1 *= inv;
+    }
+    if (lane == 0) gemv_epilogue(a, t, n0, acc0, acc1);
   }
-  acc0 = detail::warp_sum(acc0);
-  acc1 = detail::warp_sum(acc1);
-  if constexpr (kNorm) {
-    const float inv = rsqrtf(detail::warp_sum(ss) / a.K + a.norm_eps);
-    acc0 *= inv;
-    acc1 *= inv;
-  }
-  if (lane == 0) gemv_epilogue(a, n0, acc0, acc1);
 }
 
 template <typename W, bool kNorm>
@@ -298,23 +325,34 @@ void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Launch stream) {
     // GemvBandwidthReport) but lost whole steps each time it was tried.
     shape = nvec >= 2 * kBlock ? GemvShape::block2 : GemvShape::warp2;
   }
+  if (a.T > 1) {
+    // Several tokens: the T == 1 shape's threads per row group (so each row
+    // sums as it does alone), eight rows a group (x is read once per eight
+    // rows: with T tokens the x reads, not the weights, would bound a pair).
+    if (shape == GemvShape::block2)
+      launch(gemv_kernel<W, kBlock, 2, kNorm, 8, kMaxGemvTokens>, dim3(ceil_div(a.N, 8)), dim3(kBlock), 0, stream, a);
+    else
+      launch(gemv_kernel<W, 32, 2, kNorm, 8, kMaxGemvTokens>, dim3(ceil_div(a.N, 8 * (kBlock / 32))), dim3(kBlock), 0,
+             stream, a);
+    return;
+  }
   switch (shape) {
     case GemvShape::block2:  // the whole block on one pair of rows (long rows)
       if (nvec >= 4 * kBlock)  // at least 4 vectors per thread: 8 loads per row in flight
-        launch(gemv_kernel<W, kBlock, 8, kNorm, 2>, dim3(pairs), dim3(kBlock), 0, stream, a);
+        launch(gemv_kernel<W, kBlock, 8, kNorm, 2, 1>, dim3(pairs), dim3(kBlock), 0, stream, a);
       else
-        launch(gemv_kernel<W, kBlock, 2, kNorm, 2>, dim3(pairs), dim3(kBlock), 0, stream, a);
+        launch(gemv_kernel<W, kBlock, 2, kNorm, 2, 1>, dim3(pairs), dim3(kBlock), 0, stream, a);
       break;
     case GemvShape::warp4:  // one warp on four rows: x read once per four rows
-      launch(gemv_kernel<W, 32, 4, kNorm, 4>, dim3(ceil_div(a.N, 4 * (kBlock / 32))), dim3(kBlock), 0, stream, a);
+      launch(gemv_kernel<W, 32, 4, kNorm, 4, 1>, dim3(ceil_div(a.N, 4 * (kBlock / 32))), dim3(kBlock), 0, stream, a);
       break;
     default:  // one warp per pair of rows
-      launch(gemv_kernel<W, 32, 4, kNorm, 2>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
+      launch(gemv_kernel<W, 32, 4, kNorm, 2, 1>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
       break;
   }
 }
 
-// ---------------------------------------------------------------- quantized weights, T == 1
+// ---------------------------------------------------------------- quantized weights, T <= kMaxGemvTokens
 
 // 2^23 as a float: for 0 <= v < 2^23, as_float(0x4B000000 | v) == 2^23 + v
 // exactly, so subtracting it gives v as a float in one FADD (no I2F).
@@ -382,8 +420,9 @@ struct QGemvArgs {
 // vector (one group or part of one, as group >= 32 >= values per vector) the
 // row's scale s and bias b give s * dot(q, h) + b * sum(h), sum(h) shared by
 // the rows of a group of threads. Weights, scales and biases are constants:
-// their first loads are issued before the PDL wait.
-template <typename S, int kBits, int kTPR, int kUnroll, bool kNorm, int kRows>
+// their first loads are issued before the PDL wait. kT as in gemv_kernel: a
+// token's sums depend on kTPR alone.
+template <typename S, int kBits, int kTPR, int kUnroll, bool kNorm, int kRows, int kT>
 __global__ void __launch_bounds__(kBlock) qgemv_kernel(QGemvArgs<S> a) {
   constexpr int kVE = 128 / kBits;  // values per 16-byte vector: 32 or 16
   constexpr int kGroups = kBlock / kTPR;
@@ -393,6 +432,7 @@ __global__ void __launch_bounds__(kBlock) qgemv_kernel(QGemvArgs<S> a) {
   const int nvec = e.K / kVE;
   const int ngroups = e.K / a.group;
   const int vpg = a.group / kVE;  // vectors per quantization group
+  const int T = kT == 1 ? 1 : e.T;
   const uint4* wr[kRows];
   const S* sr[kRows];
   const S* br[kRows];
@@ -408,9 +448,13 @@ __global__ void __launch_bounds__(kBlock) qgemv_kernel(QGemvArgs<S> a) {
   const uint64_t pol = evict_first_policy();
   detail::griddep_launch_dependents();
 
-  float acc[kRows], ss = 0.f;
+  float acc[kT][kRows], ss[kT];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+  for (int t = 0; t < kT; ++t) {
+    ss[t] = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[t][r] = 0.f;
+  }
   bool waited = false;
   for (int base = 0; base < nvec; base += kTPR * kUnroll) {
     uint4 wv[kRows][kUnroll];
@@ -435,31 +479,40 @@ __global__ void __launch_bounds__(kBlock) qgemv_kernel(QGemvArgs<S> a) {
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = base + u * kTPR + tig;
       if (vi < nvec) {
-        float h[kVE];
-        if constexpr (kNorm) {
-          ss = load_normed(e.x + size_t(vi) * kVE, e.norm + size_t(vi) * kVE, e.norm_add, h, ss);
-        } else {
 #pragma unroll
-          for (int i = 0; i < kVE; i += 4) {  // x: plain loads (written by the previous kernel)
-            const float4 xv = *reinterpret_cast<const float4*>(e.x + size_t(vi) * kVE + i);
-            h[i] = xv.x;
-            h[i + 1] = xv.y;
-            h[i + 2] = xv.z;
-            h[i + 3] = xv.w;
+        for (int t = 0; t < kT; ++t) {
+          if (t >= T) break;
+          const float* xt = e.x + size_t(t) * e.K + size_t(vi) * kVE;
+          float h[kVE];
+          if constexpr (kNorm) {
+            ss[t] = load_normed(xt, e.norm + size_t(vi) * kVE, e.norm_add, h, ss[t]);
+          } else {
+#pragma unroll
+            for (int i = 0; i < kVE; i += 4) {  // x: plain loads (written by the previous kernel)
+              const float4 xv = *reinterpret_cast<const float4*>(xt + i);
+              h[i] = xv.x;
+              h[i + 1] = xv.y;
+              h[i + 2] = xv.z;
+              h[i + 3] = xv.w;
+            }
           }
+          float sum = 0.f;
+#pragma unroll
+          for (int i = 0; i < kVE; ++i) sum += h[i];
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+            acc[t][r] = fmaf(sv[r][u], qdot16<kBits>(wv[r][u], h), fmaf(bv[r][u], sum, acc[t][r]));
         }
-        float sum = 0.f;
-#pragma unroll
-        for (int i = 0; i < kVE; ++i) sum += h[i];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r)
-          acc[r] = fmaf(sv[r][u], qdot16<kBits>(wv[r][u], h), fmaf(bv[r][u], sum, acc[r]));
       }
     }
   }
   if (!waited) detail::griddep_wait();
 
-  finish_rows<S, kTPR, kNorm, kRows>(e, n0, group, tig, acc, ss);
+#pragma unroll
+  for (int t = 0; t < kT; ++t) {
+    if (t >= T) break;
+    finish_rows<S, kTPR, kNorm, kRows, kT>(e, t, n0, group, tig, acc[t], ss[t]);
+  }
 }
 
 template <typename S, int kBits, bool kNorm>
@@ -476,16 +529,27 @@ void launch_qgemv(const QGemvArgs<S>& a, GemvShape shape, Launch stream) {
     else
       shape = kBits == 4 ? GemvShape::warp4 : GemvShape::warp2;
   }
+  if (a.e.T > 1) {
+    // As launch_gemv: the T == 1 shape's threads per row group; four rows a
+    // group (eight spill: a token's dequantised x vector alone is 32 floats).
+    if (shape == GemvShape::block2)
+      launch(qgemv_kernel<S, kBits, kBlock, 1, kNorm, 4, kMaxGemvTokens>, dim3(ceil_div(a.e.N, 4)), dim3(kBlock), 0,
+             stream, a);
+    else
+      launch(qgemv_kernel<S, kBits, 32, 1, kNorm, 4, kMaxGemvTokens>, dim3(ceil_div(a.e.N, 4 * (kBlock / 32))),
+             dim3(kBlock), 0, stream, a);
+    return;
+  }
   switch (shape) {
     case GemvShape::block2:
-      launch(qgemv_kernel<S, kBits, kBlock, 2, kNorm, 2>, dim3(pairs), dim3(kBlock), 0, stream, a);
+      launch(qgemv_kernel<S, kBits, kBlock, 2, kNorm, 2, 1>, dim3(pairs), dim3(kBlock), 0, stream, a);
       break;
     case GemvShape::warp4:
-      launch(qgemv_kernel<S, kBits, 32, 2, kNorm, 4>, dim3(ceil_div(a.e.N, 4 * (kBlock / 32))), dim3(kBlock), 0,
+      launch(qgemv_kernel<S, kBits, 32, 2, kNorm, 4, 1>, dim3(ceil_div(a.e.N, 4 * (kBlock / 32))), dim3(kBlock), 0,
              stream, a);
       break;
     default:
-      launch(qgemv_kernel<S, kBits, 32, 4, kNorm, 2>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
+      launch(qgemv_kernel<S, kBits, 32, 4, kNorm, 2, 1>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
       break;
   }
 }
@@ -658,7 +722,7 @@ __global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
   for (int r = 0; r < kRows; ++r) acc[r] = detail::warp_sum(acc[r]);
   if (lane != 0) return;
 #pragma unroll
-  for (int r = 0; r < kRows; r += 2) gemv_epilogue(e, n0 + r, acc[r], acc[r + 1]);
+  for (int r = 0; r < kRows; r += 2) gemv_epilogue(e, 0, n0 + r, acc[r], acc[r + 1]);
 }
 
 template <typename S, int kBits, bool kNorm>
@@ -840,13 +904,13 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
   // biases and bias.
   dispatch_weight(p.w_dtype, "linear", [&](auto tag) {
     using W = decltype(tag);
-    if (p.T == 1) {
+    if (p.T <= kMaxGemvTokens) {
       GemvArgs<W> a{static_cast<const W*>(p.w), p.x, static_cast<const W*>(p.bias), p.residual, p.out,
-                    p.N, p.K, p.gated, p.act, p.norm, norm_add, p.norm_eps};
+                    p.N, p.K, p.gated, p.act, p.norm, norm_add, p.norm_eps, p.T};
       if (p.qbits) {
         QGemvArgs<W> q{static_cast<const uint32_t*>(p.w), static_cast<const W*>(p.scales),
                        static_cast<const W*>(p.biases), p.group, a};
-        if (p.int8_x) {
+        if (p.int8_x && p.T == 1) {  // (several tokens: the f32-x kernel below)
           if (p.qbits == 4)
             p.norm ? launch_qgemv_x8<W, 4, true>(q, stream) : launch_qgemv_x8<W, 4, false>(q, stream);
           else
