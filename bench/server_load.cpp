@@ -54,6 +54,7 @@ struct Sample {
   double ttft_s = -1;    // request sent -> first generated text (streams)
   double decode_tok_s = -1;  // tokens after the first / time from first to last text (streams)
   double decode_s = 0;       // that time
+  double server_decode_tok_s = -1;  // the server's own timings.predicted_per_second (streams)
   int tokens = 0;
 };
 
@@ -115,6 +116,8 @@ Sample run_one(httplib::Client& cli, const Options& o, int index, const std::vec
         const json c = json::parse(d, nullptr, false);
         if (c.is_discarded()) continue;
         if (c.contains("usage") && c["usage"].is_object()) usage_tokens = c["usage"]["completion_tokens"];
+        if (c.contains("timings") && c["timings"].is_object())
+          s.server_decode_tok_s = c["timings"].value("predicted_per_second", -1.0);
         if (!c.contains("choices") || c["choices"].empty()) continue;
         const json& ch = c["choices"][0];
         const json* text = ch.contains("delta") ? (ch["delta"].contains("content") ? &ch["delta"]["content"] : nullptr)
@@ -258,7 +261,7 @@ int main(int argc, char** argv) {
   for (auto& t : workers) t.join();
   const double wall = seconds(Clock::now() - t0);
 
-  std::vector<double> ttft, latency, decode;
+  std::vector<double> ttft, latency, decode, server_decode;
   int failed = 0, streamed = 0;
   int64_t tokens = 0, decoded = 0;
   double decode_s = 0;
@@ -274,6 +277,7 @@ int main(int argc, char** argv) {
     if (s.stream) {
       ++streamed;
       if (s.ttft_s >= 0) ttft.push_back(s.ttft_s);
+      if (s.server_decode_tok_s > 0) server_decode.push_back(s.server_decode_tok_s);
       if (s.decode_tok_s > 0) {
         decode.push_back(s.decode_tok_s);
         decoded += s.tokens - 1;
@@ -296,6 +300,9 @@ int main(int argc, char** argv) {
             {"decode_tok_s_mean", mean(decode)},
             {"decode_tok_s_p50", percentile(decode, 0.5)},
             {"decode_tok_s_max", decode.empty() ? 0.0 : *std::max_element(decode.begin(), decode.end())},
+            // The server's own figure (timings.predicted_per_second): without the client's side of the socket.
+            {"server_decode_tok_s_max",
+             server_decode.empty() ? 0.0 : *std::max_element(server_decode.begin(), server_decode.end())},
             // All streams' tokens after the first over all their decode time.
             {"decode_tok_s_pooled", decode_s > 0 ? decoded / decode_s : 0.0}};
   if (o.single) j["prompt_tokens"] = o.prompt_tokens;

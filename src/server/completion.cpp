@@ -214,10 +214,11 @@ ojson timings_of(const GenerateResult& r, int32_t P) {
 }  // namespace
 
 ServedModel ServedModel::make(std::shared_ptr<const Model> model, Tokenizer tokenizer, std::string id) {
-  ServedModel m{std::move(model), std::move(tokenizer), {}, std::move(id), {}};
+  ServedModel m{std::move(model), std::move(tokenizer), {}, std::move(id), {}, {}};
   m.dir = m.model->dir();
-  for (const char* t : {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>", "<|end|>"})
-    if (auto id = m.tokenizer.token_to_id(t); id && *id < m.model->config().vocab_size) m.end_of_turn.push_back(*id);
+  m.end_of_turn = chat::end_of_turn_ids(*m.model, m.tokenizer);
+  if (!m.dir.empty())
+    if (auto t = chat::ChatTemplate::from_model_dir(m.dir)) m.chat_template = std::make_shared<chat::ChatTemplate>(std::move(*t));
   return m;
 }
 
@@ -268,10 +269,11 @@ static ojson plain_tool_messages(const ojson& messages, const ojson& tools) {
 
 std::string render_chat(const ServedModel& m, const ojson& messages, const ojson& tools, bool add_generation_prompt) {
   try {
-    if (m.dir.empty() || !chat::ChatTemplate::from_model_dir(m.dir))
-      return chat::render_conversation(m.dir, *m.model, m.tokenizer, plain_tool_messages(messages, tools),
+    if (!m.chat_template)
+      return chat::render_conversation(nullptr, m.dir, *m.model, m.tokenizer, plain_tool_messages(messages, tools),
                                        ojson::array(), add_generation_prompt);
-    return chat::render_conversation(m.dir, *m.model, m.tokenizer, messages, tools, add_generation_prompt);
+    return chat::render_conversation(m.chat_template.get(), m.dir, *m.model, m.tokenizer, messages, tools,
+                                     add_generation_prompt);
   } catch (const std::exception& e) {
     // A template that raises (raise_exception, a message it cannot render)
     // is the request's problem as far as the client can act on it.
@@ -280,11 +282,7 @@ std::string render_chat(const ServedModel& m, const ojson& messages, const ojson
 }
 
 std::vector<int32_t> chat_prompt_ids(const ServedModel& m, const std::string& text) {
-  std::vector<int32_t> ids = m.tokenizer.encode(text, false);
-  const auto prefix = m.tokenizer.prefix_special_ids();
-  if (!prefix.empty() && !std::equal(prefix.begin(), prefix.end(), ids.begin(), ids.begin() + std::min(ids.size(), prefix.size())))
-    ids.insert(ids.begin(), prefix.begin(), prefix.end());
-  return ids;
+  return chat::encode_conversation(m.tokenizer, text);
 }
 
 Job prepare_job(const ServedModel& m, CompletionRequest req, int32_t ctx) {

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "chat/chat_template.h"
 #include "kvgraph/model.h"
 #include "kvgraph/session.h"
 #include "kvgraph/tokenizer.h"
@@ -30,18 +31,24 @@ struct ServedModel {
   Tokenizer tokenizer;
   std::filesystem::path dir;  // where the chat template is read from
   std::string id;             // GET /v1/models, and "model" in every response
-  // End-of-turn tokens the vocabulary has (<|im_end|>, <|eot_id|>,
-  // <|eom_id|>, <end_of_turn>, <|end|>): chat replies end on them as on EOS.
+  // End-of-turn tokens (chat::end_of_turn_ids: <|im_end|>, <|eot_id|>, ...,
+  // those the vocabulary has): chat replies end on them as on EOS.
   std::vector<int32_t> end_of_turn;
+  // The checkpoint's chat template, read and parsed once at load; null when
+  // it ships none (the per-family format is used).
+  std::shared_ptr<const chat::ChatTemplate> chat_template;
 
+  // Reads the chat template too: a malformed one (or a tokenizer_config.json
+  // that cannot be read) is a load error, not a 400 on every chat request.
   static ServedModel make(std::shared_ptr<const Model> model, Tokenizer tokenizer, std::string id);
 };
 
 // The conversation as the checkpoint's chat template renders it; a template
 // that fails is a 400 ("template_error").
 std::string render_chat(const ServedModel& m, const ojson& messages, const ojson& tools, bool add_generation_prompt);
-// The rendered text's ids: special tokens written in the text are matched,
-// and the tokenizer's prefix (BOS) is put first unless the text began with it.
+// The rendered text's ids (chat::encode_conversation: special tokens written
+// in the text are matched, nothing is added, as transformers encodes a
+// rendered chat; the template or the per-family format writes the BOS).
 std::vector<int32_t> chat_prompt_ids(const ServedModel& m, const std::string& text);
 
 // A request made ready to run: its prompt ids, checked against the model's

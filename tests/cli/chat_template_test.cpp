@@ -2,6 +2,8 @@
 // directory that also holds a chat_template.jinja (or with --template), so
 // that the text the model sees is known and `generate` on that same text
 // is the reference for the reply.
+#include <unistd.h>
+
 #include <filesystem>
 #include <regex>
 
@@ -48,9 +50,12 @@ std::string only_reply(const RunResult& r) {
 
 // generate's greedy continuation of `prompt` (the model adds the BOS).
 std::string generated(const std::string& prompt, int n) {
-  write_bytes(fs::temp_directory_path() / "kvgraph_chat_template_prompt.txt", prompt);
-  RunResult g = run_cli("generate --greedy -q -n " + std::to_string(n) + " -f " +
-                        quoted(fs::temp_directory_path() / "kvgraph_chat_template_prompt.txt"));
+  // One file per test process: ctest runs this suite's tests side by side.
+  const fs::path file =
+      fs::temp_directory_path() / ("kvgraph_chat_template_prompt_" + std::to_string(getpid()) + ".txt");
+  write_bytes(file, prompt);
+  RunResult g = run_cli("generate --greedy -q -n " + std::to_string(n) + " -f " + quoted(file));
+  fs::remove(file);
   EXPECT_EQ(g.exit_code, 0) << g.err;
   return g.out.empty() ? "" : g.out.substr(0, g.out.size() - 1);
 }
