@@ -73,7 +73,8 @@ void mark_seen(Stream& s, const Tensor& ids, Tensor& seen);
 void advance(Stream& s, Tensor& pos, int n);
 
 // update_and_attend: one layer's step of a sequence cache. Writes the step's
-// k/v rows into the layer's pool (rounded to the storage dtype), then attends
+// k/v rows into the layer's pool (rounded to the storage dtype, or quantized:
+// kvgraph/cache/kv_format.h), then attends
 // every query over exactly the rows it may see (causal; a band for ring
 // layers; GQA), from the pool, in f32. Designated-initialised:
 //

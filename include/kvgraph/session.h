@@ -197,11 +197,11 @@ class Session {
   // Writes the session (token ids, position, pending token, last logits, the
   // cache rows) to `path`, atomically: a temporary file in the same folder,
   // then rename. The file is versioned and checksummed and names the model
-  // (a fingerprint over its config and tensor metadata), the storage dtype
-  // and every layer's policy.
+  // (a fingerprint over its config and tensor metadata) and every layer's
+  // policy and K and V storage formats.
   void save(const std::filesystem::path& path);
   // Replaces this session's state by the one saved in `path`. A file of
-  // another model, storage dtype or cache layout, of an unknown version, or
+  // another model, storage format or cache layout, of an unknown version, or
   // truncated or corrupted anywhere, is refused with one clear error
   // ("[session_file] ...") and the session is left untouched. A flat layer
   // may be restored into a session of another capacity if the tokens fit.

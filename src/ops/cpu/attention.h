@@ -6,7 +6,8 @@ namespace kvgraph::cpu {
 
 // Writes the plan's T rows (a.plan: the step's plan for the layer's policy),
 // then attends every query over the rows it may see, in logical order,
-// accumulating in f32 from storage-rounded K/V.
+// accumulating in f32 from the stored K/V (rounded, or quantized and read
+// back one row at a time: kvgraph/cache/kv_quant.h).
 void update_and_attend(const ops::AttendCall& a);
 
 }  // namespace kvgraph::cpu

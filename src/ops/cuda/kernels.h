@@ -4,7 +4,8 @@
 //
 // Conventions
 //   - Activations are f32 on the device; weights are f32 or bf16 (`DType`);
-//     KV storage is f32, bf16 or f16.
+//     KV storage is f32, bf16 or f16, or quantized (int8 / int4 affine
+//     groups, fp8; kvgraph/cache/kv_format.h), K and V each.
 //   - Every per-token value (the position) is read from device memory when
 //     the kernel runs (`const int32_t* pos`: i32 [1], absolute position of the
 //     step's first token), so a step captured into a CUDA graph once replays
@@ -257,9 +258,11 @@ class AttentionWorkspace {
 };
 
 // One layer's cache step: writes the T new k/v rows (rounded to the storage
-// dtype) at the slots of positions pos..pos+T-1, then attends every query t
-// (position pos+t) over the keys it may see, [first_visible(rule, p), p], read
-// from the pool (so it sees storage-rounded K/V), softmax in f32.
+// dtype, or quantized with their scales) at the slots of positions
+// pos..pos+T-1, then attends every query t (position pos+t) over the keys it
+// may see, [first_visible(rule, p), p], read from the pool (so it sees the
+// stored K/V, dequantized in registers), softmax in f32. Plain formats: K and
+// V alike; quantized: one format for both, or K int8 with V int4.
 //   T == 1: one kernel; split-KV flash-decoding over a grid of
 //           (n_kv_heads x query-head groups, ws.max_splits()); each block reads
 //           one KV head once for its whole GQA group; the last block of a head
