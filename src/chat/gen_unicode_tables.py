@@ -13,29 +13,11 @@ decimal, digit, numeric, upper and lower (str.isupper / islower of one
 character).
 """
 import sys
+import os
 import unicodedata as ud
 
-
-def chars():
-    for cp in range(0x110000):
-        if 0xD800 <= cp <= 0xDFFF:
-            continue
-        yield cp, chr(cp)
-
-
-def ranges(cps):
-    out, start, prev = [], None, None
-    for cp in cps:
-        if start is None:
-            start = prev = cp
-        elif cp == prev + 1:
-            prev = cp
-        else:
-            out.append((start, prev))
-            start = prev = cp
-    if start is not None:
-        out.append((start, prev))
-    return out
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from unicode_gen import chars, ranges  # noqa: E402
 
 
 def case_ignorable(ch):

@@ -9,31 +9,13 @@ canonical composition pairs (composition exclusions left out), per-character
 lowercase mappings, and the ranges of nonspacing marks (Mn).
 """
 import sys
+import os
 import unicodedata as ud
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from unicode_gen import chars, ranges  # noqa: E402
+
 HANGUL_FIRST, HANGUL_LAST = 0xAC00, 0xD7A3
-
-
-def chars():
-    for cp in range(0x110000):
-        if 0xD800 <= cp <= 0xDFFF:
-            continue
-        yield cp, chr(cp)
-
-
-def ranges(cps):
-    out, start, prev = [], None, None
-    for cp in cps:
-        if start is None:
-            start = prev = cp
-        elif cp == prev + 1:
-            prev = cp
-        else:
-            out.append((start, prev))
-            start = prev = cp
-    if start is not None:
-        out.append((start, prev))
-    return out
 
 
 def main():
