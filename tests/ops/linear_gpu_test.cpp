@@ -1,5 +1,5 @@
 // CUDA linear: the T == 1 GEMV (vector and scalar paths, bias, residual,
-// gated epilogue, graph capture) and the T > 1 cuBLAS path, against a CPU
+// gated epilogue, graph capture) and the multi-token GEMV (T <= kMaxGemvTokens) and the cuBLAS path, against a CPU
 // loop, each also with the RMSNorm prologue. (The GEMV's bandwidth on decode
 // shapes is a benchmark: bench/kernels/kernel_bench.cpp.)
 #include <gtest/gtest.h>
@@ -104,9 +104,10 @@ void check_linear(int T, int N, int K, DType dt, Epi epi, GemmContext* gemm, dou
   linear(p, gemm, nullptr);
   auto got = to_host<float>(epi == Epi::residual_in_place ? dres : out, n_out);
 
-  // T > 1 with bf16 weights rounds x to bf16 before the GEMM.
+  // The cuBLAS path (T > kMaxGemvTokens) with bf16 weights rounds x to bf16
+  // before the GEMM; the GEMV keeps x in f32.
   std::vector<float> xr = x;
-  if (T > 1 && dt == DType::BF16)
+  if (T > kMaxGemvTokens && dt == DType::BF16)
     for (auto& v : xr) v = bf16_to_f32(f32_to_bf16(v));
   auto want = ref_linear(xr, w.ref, has_bias ? &b.ref : nullptr, has_res ? &res : nullptr, gate, T, N, K);
   EXPECT_LT(norm_err(got, want), tol);
@@ -129,12 +130,13 @@ TEST_F(CudaLinear, GemvEpilogues) {
     }
 }
 
-TEST_F(CudaLinear, PrefillUsesCublasAndMatchesCpu) {
+TEST_F(CudaLinear, MultiTokenGemvAndCublasMatchCpu) {
   GemmContext gemm;
-  for (int T : {2, 7, 64})
+  // 2 and 7: the multi-token GEMV; 9 and 64: cuBLAS.
+  for (int T : {2, 7, kMaxGemvTokens + 1, 64})
     for (Epi e : {Epi::none, Epi::bias, Epi::residual, Epi::residual_in_place, Epi::silu}) {
       check_linear(T, 96, 256, DType::F32, e, &gemm, 1e-4);
-      // bf16: x is rounded to bf16 in the reference too, so only accumulation differs.
+      // bf16: where the path rounds x to bf16 the reference does too, so only accumulation differs.
       check_linear(T, 96, 256, DType::BF16, e, &gemm, 1e-3);
       check_linear(T, 200, 1000, DType::BF16, e, &gemm, 1e-3);
     }
@@ -231,9 +233,10 @@ void check_norm_linear(int T, int N, int K, DType dt, Epi epi, bool plus_one, Ge
   auto got = to_host<float>(epi == Epi::residual_in_place ? dres : out, n_out);
   EXPECT_EQ(to_host<float>(dx, x.size()), x) << "x was modified";
 
-  // T > 1 with bf16 weights rounds the normalised rows to bf16 before the GEMM.
+  // The cuBLAS path (T > kMaxGemvTokens) with bf16 weights rounds the
+  // normalised rows to bf16 before the GEMM; the GEMV keeps them in f32.
   auto h = ref_rms_norm(x, norm_used, eps, plus_one, T, K);
-  if (T > 1 && dt == DType::BF16) h = bf16_round(h);
+  if (T > kMaxGemvTokens && dt == DType::BF16) h = bf16_round(h);
   auto want = ref_linear(h, w.ref, has_bias ? &b.ref : nullptr, has_res ? &res : nullptr, gate, T, N, K);
   EXPECT_LT(norm_err(got, want), tol);
 }
@@ -277,11 +280,13 @@ TEST_F(CudaLinear, PrefillNormPrologueMatchesCpu) {
   GemmContext gemm;
   for (bool plus_one : {false, true})
     for (Epi e : {Epi::none, Epi::bias, Epi::residual, Epi::residual_in_place, Epi::silu, Epi::gelu}) {
-      for (int K : {30, 896, 2048}) {
-        check_norm_linear(5, 96, K, DType::F32, e, plus_one, &gemm, 1e-4);
-        // bf16: the normalised x is rounded to bf16 in the reference too.
-        check_norm_linear(5, 96, K, DType::BF16, e, plus_one, &gemm, 1e-3);
-      }
+      // 5: the multi-token GEMV; 12: cuBLAS.
+      for (int T : {5, kMaxGemvTokens + 4})
+        for (int K : {30, 896, 2048}) {
+          check_norm_linear(T, 96, K, DType::F32, e, plus_one, &gemm, 1e-4);
+          // bf16: where the path rounds the normalised x to bf16, so does the reference.
+          check_norm_linear(T, 96, K, DType::BF16, e, plus_one, &gemm, 1e-3);
+        }
       check_norm_linear(2, 200, 1000, DType::BF16, e, plus_one, &gemm, 1e-3);
     }
 }
@@ -289,7 +294,7 @@ TEST_F(CudaLinear, PrefillNormPrologueMatchesCpu) {
 // The T > 1 norm scratch comes from reserve(), so a prefill step with the
 // prologue can be captured (ensure() refuses to allocate during capture).
 TEST_F(CudaLinear, PrefillNormPrologueIsCapturableAfterReserve) {
-  const int T = 5, N = 96, K = 896;
+  const int T = kMaxGemvTokens + 4, N = 96, K = 896;  // the cuBLAS path
   for (DType dt : {DType::F32, DType::BF16}) {
     SCOPED_TRACE(dtype_name(dt));
     GemmContext gemm;

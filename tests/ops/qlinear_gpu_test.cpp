@@ -1,7 +1,8 @@
 // CUDA linear on affine-quantized weights (MLX's "affine" layout, 4 and 8
 // bits, groups of 32/64/128): the T == 1 fused-dequant GEMV in every launch
 // shape, with the norm prologue and the bias / residual / gated epilogues,
-// and the T > 1 path (slabs dequantised to bf16, then cuBLAS), against a CPU
+// the multi-token GEMV (T <= kMaxGemvTokens) and the cuBLAS path (slabs
+// dequantised to bf16), against a CPU
 // reference that unpacks the words independently and dequantises each value
 // as fmaf(scale, q, bias) in f32.
 #include <gtest/gtest.h>
@@ -92,8 +93,8 @@ void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvSha
   linear(p, gemm, nullptr);
   const auto got = to_host<float>(out, n_out);
 
-  // Reference: the GEMM's view of x (normalised, and bf16-rounded for T > 1
-  // with dense bf16-rounded weights), f64 accumulation.
+  // Reference: the product's view of x (normalised, and bf16-rounded with
+  // bf16-rounded dense weights on the cuBLAS path), f64 accumulation.
   std::vector<float> xs = x, wd = w.dense;
   for (int t = 0; t < T && norm; ++t) {
     double ss = 0;
@@ -101,7 +102,7 @@ void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvSha
     const double inv = 1.0 / std::sqrt(ss / K + 1e-6);
     for (int k = 0; k < K; ++k) xs[size_t(t) * K + k] = float(x[size_t(t) * K + k] * inv * g[k]);
   }
-  if (T > 1) {
+  if (T > kMaxGemvTokens) {
     for (auto& v : xs) v = bf16_to_f32(f32_to_bf16(v));
     for (auto& v : wd) v = bf16_to_f32(f32_to_bf16(v));
   }
@@ -153,14 +154,24 @@ TEST_F(CudaQuantLinear, Int8XGemvIsWithinInt8RoundingOfTheReference) {
   for (Epi epi : {Epi::residual, Epi::gated}) check(1, 96, 512, 4, 64, epi, true, GemvShape::automatic, nullptr, 1e-2, true);
 }
 
+TEST_F(CudaQuantLinear, MultiTokenGemvMatchesDequantisedReference) {
+  // Each token's sums are those of a one-token GEMV: the T == 1 bound.
+  for (int bits : {4, 8}) {
+    check(2, 70, 384, bits, 32, Epi::none, false, GemvShape::automatic, nullptr, 2e-5);
+    check(kMaxGemvTokens, 96, 512, bits, 64, Epi::gated, true, GemvShape::automatic, nullptr, 2e-5);
+    check(5, 64, 4096, bits, 128, Epi::residual, false, GemvShape::automatic, nullptr, 2e-5);
+  }
+}
+
 TEST_F(CudaQuantLinear, PrefillDequantisesSlabsForCublas) {
   GemmContext gemm;
+  const int T = kMaxGemvTokens + 1;
   for (int bits : {4, 8}) {
-    check(5, 70, 384, bits, 32, Epi::none, false, GemvShape::automatic, &gemm, 1e-2);
-    check(3, 96, 512, bits, 64, Epi::gated, true, GemvShape::automatic, &gemm, 1e-2);
-    check(4, 64, 1024, bits, 128, Epi::residual, false, GemvShape::automatic, &gemm, 1e-2);
+    check(T, 70, 384, bits, 32, Epi::none, false, GemvShape::automatic, &gemm, 1e-2);
+    check(T + 3, 96, 512, bits, 64, Epi::gated, true, GemvShape::automatic, &gemm, 1e-2);
+    check(16, 64, 1024, bits, 128, Epi::residual, false, GemvShape::automatic, &gemm, 1e-2);
     // More rows than one slab (32M values / K): N = 8400 at K = 4096 is two slabs.
-    check(2, 8400, 4096, bits, 64, Epi::bias, false, GemvShape::automatic, &gemm, 1e-2);
+    check(T, 8400, 4096, bits, 64, Epi::bias, false, GemvShape::automatic, &gemm, 1e-2);
   }
 }
 

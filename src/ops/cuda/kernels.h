@@ -244,9 +244,10 @@ class AttentionWorkspace {
   void tune(const Tuning& t) { tuning_ = t; }
   const Tuning& tuning() const { return tuning_; }
   // One-token steps: f32 [max_q_heads, max_splits, head_dim]; a step of T
-  // queries: [T * n_q_heads, splits, head_dim] (needs that many floats).
+  // queries: [T * n_q_heads, splits, head_dim]. Sized for kMaxDecodeQueries
+  // queries at max_splits, so every step of up to that many queries fits.
   float* partial_out() const { return partial_out_.as<float>(); }
-  size_t partial_out_floats() const { return size_t(max_q_heads_) * max_splits_ * max_head_dim_; }
+  size_t partial_out_floats() const { return size_t(kMaxDecodeQueries) * max_q_heads_ * max_splits_ * max_head_dim_; }
   float* partial_ml() const { return partial_ml_.as<float>(); }    // f32 [kMaxDecodeQueries * max_q_heads, max_splits, 2]
   unsigned* counters() const { return counters_.as<unsigned>(); }  // u32 [counter_count()]
   int counter_count() const { return kMaxDecodeQueries * max_q_heads_; }
