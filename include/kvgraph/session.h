@@ -249,8 +249,9 @@ class Session {
   const std::vector<int32_t>& banned_tokens() const { return banned_ids_; }
 
   // Tests only: called at named points inside a step ("decode:after_step",
-  // "prefill:after_chunk"); throwing there simulates a device error after
-  // the step's kernels wrote the cache.
+  // "verify:after_step", "prefill:after_chunk": after the step's kernels
+  // wrote the cache; "decode:while_recording", "verify:while_recording": in
+  // the middle of recording a step); throwing there simulates a device error.
   using FaultFn = std::function<void(std::string_view point)>;
   void set_fault_injection(FaultFn fn) { fault_ = std::move(fn); }
 

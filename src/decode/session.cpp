@@ -178,6 +178,7 @@ void Session::record_decode_step() {
   stream_.begin_record();
   try {
     decode_step_ = submit_decode_step();
+    fault("decode:while_recording");
   } catch (...) {
     stream_.discard_recording();
     throw;
@@ -324,6 +325,7 @@ std::vector<int32_t> Session::verify(std::span<const int32_t> proposals) {
         stream_.begin_record(T);
         try {
           verify_steps_[T] = submit_verify_step(T);
+          fault("verify:while_recording");
         } catch (...) {
           stream_.discard_recording();
           throw;

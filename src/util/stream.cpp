@@ -40,7 +40,12 @@ void Stream::end_record() {
 }
 
 bool Stream::has_recording(int slot) const { return backend_->has_recording(slot); }
-void Stream::discard_recording() { backend_->discard_recording(-1); }
+// Also ends a recording an exception interrupted (the backend leaves capture
+// mode), so the stream takes eager work and new recordings again.
+void Stream::discard_recording() {
+  recording_ = false;
+  backend_->discard_recording(-1);
+}
 size_t Stream::recorded_ops(int slot) const { return backend_->recorded_ops(slot); }
 
 void Stream::replay(int slot) {

@@ -5,6 +5,9 @@
 // session_prefix_reuse_test); this checks that KV bytes and step state move
 // the same way through device memory. Skips without a device.
 #include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -113,6 +116,79 @@ TEST_P(CudaLifecycle, PrefixReuseEqualsAFreshPrefill) {
   ASSERT_EQ(la.size(), lf.size());
   EXPECT_EQ(0, std::memcmp(la.data(), lf.data(), la.size() * sizeof(float))) << GetParam();
   EXPECT_TRUE(decode(a, 10) == decode(fresh, 10)) << GetParam();
+}
+
+// An error in the middle of recording (the step's graph capture): the
+// capture is ended and dropped, and the session records again and continues
+// exactly as one that never failed.
+TEST_P(CudaLifecycle, FailedRecordingIsDroppedAndTheSessionContinues) {
+  const Reference ref = load_reference(GetParam());
+  auto gpu = Model::load(fixtures_dir() / GetParam(), Device::CUDA);
+  SessionOptions so;
+  so.capacity = 200;
+  so.max_write = 4;
+  Session a(gpu, so), b(gpu, so);
+  for (Session* s : {&a, &b}) {
+    s->sampling() = seeded();
+    s->prefill(ref.greedy_prompt);
+    s->sample();
+  }
+  int left = 2;
+  a.set_fault_injection([&left](std::string_view p) {
+    if (p == "decode:while_recording" && left-- > 0) throw std::runtime_error("injected");
+  });
+  for (int i = 0; i < 2; ++i) EXPECT_THROW(a.decode(), std::runtime_error);
+  a.set_fault_injection({});
+  EXPECT_TRUE(decode(a, 30) == decode(b, 30)) << GetParam();
+  EXPECT_EQ(a.captures(), 1);
+}
+
+// Sessions on several threads at once, each creating its buffers (synchronous
+// uploads, frees) while others record their graphs: every one decodes as it
+// does alone (a capture on one thread must not be broken by another's
+// synchronous copy: see cuda::CaptureExclusion).
+TEST(CudaThreads, SessionsOnSeveralThreadsRecordAndDecodeAsAlone) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Reference ref = load_reference("gemma3");
+  auto gpu = Model::load(fixtures_dir() / "gemma3", Device::CUDA);
+  constexpr int kThreads = 4;
+  auto run = [&](int i) {
+    SessionOptions so;
+    so.capacity = 160;
+    so.max_write = 4 + i % 2;
+    Session s(gpu, so);
+    s.sampling() = seeded();
+    s.sampling().seed = 100 + i;
+    s.prefill(ref.greedy_prompt);
+    s.sample();
+    Trace t = decode(s, 20);
+    { Session scratch(gpu, so); }  // buffers made and freed while others replay or record
+    s.set_banned_tokens({gpu->config().vocab_size - 1});  // records the step again, while the others run
+    Trace more = decode(s, 20);
+    t.tokens.insert(t.tokens.end(), more.tokens.begin(), more.tokens.end());
+    t.logits.insert(t.logits.end(), more.logits.begin(), more.logits.end());
+    return t;
+  };
+  std::vector<Trace> alone;
+  for (int i = 0; i < kThreads; ++i) alone.push_back(run(i));
+  for (int round = 0; round < 3; ++round) {
+    std::vector<Trace> got(kThreads);
+    std::vector<std::string> errors(kThreads);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i)
+      threads.emplace_back([&, i] {
+        try {
+          got[i] = run(i);
+        } catch (const std::exception& e) {
+          errors[i] = e.what();
+        }
+      });
+    for (auto& th : threads) th.join();
+    for (int i = 0; i < kThreads; ++i) {
+      EXPECT_EQ(errors[i], "") << "round " << round << " thread " << i;
+      EXPECT_TRUE(got[i] == alone[i]) << "round " << round << " thread " << i;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaLifecycle, ::testing::ValuesIn(fixture_families()),

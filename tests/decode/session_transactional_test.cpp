@@ -12,6 +12,7 @@
 #include "kvgraph/model.h"
 #include "kvgraph/session.h"
 #include "support/fixtures.h"
+#include "support/model_cache.h"
 
 using namespace kvgraph;
 using namespace kvgraph::testing;
@@ -19,12 +20,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::shared_ptr<const Model> fixture(const std::string& family) {
-  static std::map<std::string, std::shared_ptr<const Model>> models;
-  auto& m = models[family];
-  if (!m) m = Model::load(fixtures_dir() / family, Device::CPU);
-  return m;
-}
+std::shared_ptr<const Model> fixture(const std::string& family) { return shared_fixture(family); }
 
 struct DeviceError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -94,6 +90,41 @@ TEST_P(SessionTransactional, FailedDecodeStepLeavesEverythingAsBefore) {
   EXPECT_EQ(a.captures(), captures);
 }
 
+// An error in the middle of recording the decode step (or a verify step):
+// the recording is dropped, the stream leaves recording mode, and the next
+// calls record again and continue exactly as a session that never failed.
+class SessionRecording : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SessionRecording, FailedRecordingLeavesEverythingAsBefore) {
+  const std::string& family = GetParam();
+  const Reference ref = load_reference(family);
+  SessionOptions so{.capacity = 200, .max_write = 4};
+  Session a(fixture(family), so), b(fixture(family), so);
+  for (Session* s : {&a, &b}) {
+    s->sampling() = seeded();
+    s->prefill(ref.greedy_prompt);
+    s->sample();
+  }
+  const auto pending = a.pending();
+  a.set_fault_injection(fail_at("decode:while_recording", 2));
+  for (int i = 0; i < 2; ++i) EXPECT_THROW(a.decode(), DeviceError);
+  EXPECT_EQ(a.captures(), 0) << "no recording was kept";
+  EXPECT_EQ(a.pending(), pending);
+  a.set_fault_injection({});
+  expect_same_future(a, b, 8);
+  EXPECT_EQ(a.captures(), 1);
+  // A verify step of 3 tokens, failing while it records, then run for real.
+  const std::vector<int32_t> proposals = {1, 2};
+  a.set_fault_injection(fail_at("verify:while_recording"));
+  EXPECT_THROW(a.verify(proposals), DeviceError);
+  a.set_fault_injection({});
+  const std::vector<int32_t> va = a.verify(proposals), vb = b.verify(proposals);
+  EXPECT_EQ(va, vb);
+  a.accept(0, va[0]);
+  b.accept(0, vb[0]);
+  expect_same_future(a, b, 4);
+}
+
 TEST_P(SessionTransactional, FailedDecodeManyAndPrefillChunkLeaveEverythingAsBefore) {
   const auto& [family, eager] = GetParam();
   const Reference ref = load_reference(family);
@@ -155,3 +186,6 @@ INSTANTIATE_TEST_SUITE_P(Families, SessionTransactional,
                          [](const auto& info) {
                            return std::get<0>(info.param) + (std::get<1>(info.param) ? "_eager" : "_compiled");
                          });
+// (Eager sessions record nothing: compiled only.)
+INSTANTIATE_TEST_SUITE_P(Families, SessionRecording, ::testing::Values("mistral", "gemma3", "llama"),
+                         [](const auto& info) { return info.param; });

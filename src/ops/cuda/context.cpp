@@ -2,6 +2,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <utility>
+
 #include "kvgraph/error.h"
 
 namespace kvgraph::cuda {
@@ -9,6 +11,10 @@ namespace kvgraph::cuda {
 CudaContext::CudaContext(const Tuning& t) : tuning_(t) { attention_.tune(t); }
 
 CudaContext::~CudaContext() {
+  // A capture an exception left open (it holds the capture lock).
+  if (CudaGraph* g = std::exchange(capturing_, nullptr)) g->abort_capture();
+  // Held until the last member (stream, cuBLAS, scratch) is gone.
+  teardown_.emplace("destroying a CUDA stream", true);
   // Work queued on the stream may still use the scratch and the pinned words.
   cudaStreamSynchronize(stream_.get());
   if (pinned_) cudaFreeHost(pinned_);
@@ -39,6 +45,9 @@ bool CudaContext::has_recording(int slot) const {
 }
 
 void CudaContext::discard_recording(int slot) {
+  // An op threw while recording: end the capture (the stream must leave
+  // capture mode before anything else runs on it, and the lock is released).
+  if (CudaGraph* g = std::exchange(capturing_, nullptr)) g->abort_capture();
   if (slot < 0) {
     for (auto& [s, g] : graphs_) g.reset();
   } else if (auto it = graphs_.find(slot); it != graphs_.end()) {
@@ -57,6 +66,7 @@ void CudaContext::set_tuning(const Tuning& t) {
 }
 
 void CudaContext::reserve_reads(int n) {
+  CaptureExclusion x("resizing pinned read slots");
   if (pinned_) KVGRAPH_CUDA_CHECK(cudaFreeHost(pinned_));
   pinned_ = nullptr;
   KVGRAPH_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&pinned_), sizeof(int32_t) * size_t(n)));
@@ -80,6 +90,7 @@ bool compiled() { return true; }
 int device_count() { return cuda::device_count(); }
 
 void* alloc(size_t bytes) {
+  cuda::CaptureExclusion x("cudaMalloc");
   void* p = nullptr;
   const size_t rounded = bytes == 0 ? 64 : (bytes + 63) / 64 * 64;
   const cudaError_t e = cudaMalloc(&p, rounded);
@@ -90,9 +101,13 @@ void* alloc(size_t bytes) {
   return p;
 }
 
-void free(void* p) noexcept { cudaFree(p); }
+void free(void* p) noexcept {
+  cuda::CaptureExclusion x("cudaFree", /*quiet=*/true);
+  cudaFree(p);
+}
 
 void copy(void* dst, const void* src, size_t bytes) {
+  cuda::CaptureExclusion x("a synchronous copy");
   KVGRAPH_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
   // A pageable upload may still be in flight when cudaMemcpy returns, and a
   // kernel launched with programmatic dependent launch does not wait for the
@@ -101,11 +116,15 @@ void copy(void* dst, const void* src, size_t bytes) {
 }
 
 void zero(void* p, size_t bytes) {
+  cuda::CaptureExclusion x("a synchronous memset");
   KVGRAPH_CUDA_CHECK(cudaMemset(p, 0, bytes));
   KVGRAPH_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
-std::unique_ptr<StreamBackend> make_stream_backend(const Tuning& t) { return std::make_unique<cuda::CudaContext>(t); }
+std::unique_ptr<StreamBackend> make_stream_backend(const Tuning& t) {
+  cuda::CaptureExclusion x("creating a CUDA stream");
+  return std::make_unique<cuda::CudaContext>(t);
+}
 
 double copy_bandwidth_gbs() { return cuda::measure_copy_bandwidth_gbs(); }
 

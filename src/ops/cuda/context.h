@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <map>
+#include <optional>
 
 #include "kvgraph/stream.h"
 #include "ops/backend.h"
@@ -40,6 +41,9 @@ class CudaContext final : public StreamBackend {
   SelectWorkspace& select() { return select_; }
 
  private:
+  // Declared first, so destroyed last: the destructor takes it, and the
+  // members' CUDA frees run under it (see CaptureExclusion).
+  std::optional<CaptureExclusion> teardown_;
   Tuning tuning_;
   CudaStream stream_;
   std::map<int, CudaGraph> graphs_;  // recordings by slot

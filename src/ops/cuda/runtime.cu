@@ -1,6 +1,7 @@
 // RAII resources, error reporting, launch settings and bandwidth probes.
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,7 +70,29 @@ float CudaEvent::elapsed_ms(const CudaEvent& start, const CudaEvent& stop) {
 
 // ---------------------------------------------------------------- graphs
 
-CudaGraph::~CudaGraph() { reset(); }
+namespace {
+std::mutex g_capture_mu;               // held by a capture, or by CaptureExclusions
+thread_local bool t_capturing = false;  // this thread holds it for a capture
+thread_local int t_excluding = 0;       // CaptureExclusions this thread holds (they nest)
+}  // namespace
+
+CaptureExclusion::CaptureExclusion(const char* what, bool quiet) {
+  if (t_capturing) {
+    if (quiet) return;
+    fail_op("graph", std::string(what) + " while this thread records a graph");
+  }
+  if (t_excluding++ == 0) g_capture_mu.lock();
+  locked_ = true;
+}
+
+CaptureExclusion::~CaptureExclusion() {
+  if (locked_ && --t_excluding == 0) g_capture_mu.unlock();
+}
+
+CudaGraph::~CudaGraph() {
+  abort_capture();
+  reset();
+}
 
 void CudaGraph::reset() {
   if (exec_) cudaGraphExecDestroy(exec_);
@@ -80,16 +103,40 @@ void CudaGraph::reset() {
 
 void CudaGraph::begin_capture(cudaStream_t stream) {
   if (capturing_) fail_op("graph", "begin_capture while already capturing");
+  if (t_capturing || t_excluding > 0)
+    fail_op("graph", t_capturing ? "begin_capture while this thread records another graph"
+                                 : "begin_capture inside a CaptureExclusion");
   reset();
-  KVGRAPH_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  g_capture_mu.lock();
+  const cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+  if (e != cudaSuccess) {
+    g_capture_mu.unlock();
+    KVGRAPH_CUDA_CHECK(e);
+  }
+  t_capturing = true;
   capturing_ = stream;
 }
 
 void CudaGraph::end_capture() {
   if (!capturing_) fail_op("graph", "end_capture without begin_capture");
   cudaStream_t s = std::exchange(capturing_, nullptr);
-  KVGRAPH_CUDA_CHECK(cudaStreamEndCapture(s, &graph_));
+  const cudaError_t e = cudaStreamEndCapture(s, &graph_);
+  t_capturing = false;
+  g_capture_mu.unlock();
+  KVGRAPH_CUDA_CHECK(e);
   KVGRAPH_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+}
+
+void CudaGraph::abort_capture() noexcept {
+  if (!capturing_) return;
+  cudaStream_t s = std::exchange(capturing_, nullptr);
+  cudaGraph_t partial = nullptr;
+  cudaStreamEndCapture(s, &partial);
+  if (partial) cudaGraphDestroy(partial);
+  cudaGetLastError();  // the capture's own (non-sticky) error, if any
+  t_capturing = false;
+  g_capture_mu.unlock();
+  reset();
 }
 
 void CudaGraph::launch(cudaStream_t stream) const {

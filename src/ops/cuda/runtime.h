@@ -72,8 +72,14 @@ class CudaGraph {
   CudaGraph(const CudaGraph&) = delete;
   CudaGraph& operator=(const CudaGraph&) = delete;
 
+  // A capture holds the process-wide capture lock (CaptureExclusion) from
+  // begin_capture until end_capture or abort_capture, on the same thread.
   void begin_capture(cudaStream_t stream);
   void end_capture();  // throws if the capture failed (e.g. an illegal call was made)
+  // Ends a capture that failed half-way (an op threw while recording): the
+  // stream leaves capture mode, the partial graph is dropped, errors ignored.
+  void abort_capture() noexcept;
+  bool capturing() const { return capturing_ != nullptr; }
   void launch(cudaStream_t stream) const;
   bool ready() const { return exec_ != nullptr; }
   size_t node_count() const;  // nodes of the captured graph (kernels, memcpys, ...)
@@ -83,6 +89,27 @@ class CudaGraph {
   cudaStream_t capturing_ = nullptr;
   cudaGraph_t graph_ = nullptr;
   cudaGraphExec_t exec_ = nullptr;
+};
+
+// Calls that use the legacy default stream or synchronize the whole device
+// (synchronous cudaMemcpy / cudaMemset, cudaDeviceSynchronize, cudaFree,
+// cudaFreeHost, stream and cuBLAS setup) must not run while another thread
+// captures a graph: the legacy stream waits on every blocking stream, the
+// capturing one included, which invalidates that capture and fails the call
+// ("operation not permitted when stream is capturing"). Such calls hold a
+// CaptureExclusion; a capture holds the same lock for its whole length
+// (captures are short: one step's launches). On the capturing thread itself
+// these calls are illegal anyway: CaptureExclusion then throws rather than
+// deadlock (`quiet`: it neither throws nor locks, for noexcept frees).
+class CaptureExclusion {
+ public:
+  explicit CaptureExclusion(const char* what, bool quiet = false);
+  ~CaptureExclusion();
+  CaptureExclusion(const CaptureExclusion&) = delete;
+  CaptureExclusion& operator=(const CaptureExclusion&) = delete;
+
+ private:
+  bool locked_ = false;
 };
 
 // Bandwidth probes of the current device, in GB/s (1e9 bytes per second).
