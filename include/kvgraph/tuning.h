@@ -25,20 +25,27 @@ struct Tuning {
   // the weights (once per block, in shared memory) and integer dot products
   // (DP4A), instead of f32 x with the codes converted in the weight stream.
   bool quantized_int8_x = false;
+  // The several-token GEMV (2..8 tokens: verify steps, short prefill chunks):
+  // rows per thread group and load batches in flight. Every variant sums
+  // each token's row as the one-token GEMV does (bitwise); they differ in
+  // registers and occupancy. automatic: r4u2 (4 rows, 2 batches: fastest on
+  // the H200, figures in src/ops/cuda/linear.cu).
+  enum class Multi : uint8_t { automatic, r8u2, r4u2, r8u1, r4u4 };
+  Multi multi = Multi::automatic;
 
   // Spelled out: the CUDA sources, which include this, are C++17.
   bool operator==(const Tuning& o) const {
     return gemv == o.gemv && legacy_decode_attention == o.legacy_decode_attention && attn_heads == o.attn_heads &&
            attn_chunk == o.attn_chunk && programmatic_launch == o.programmatic_launch &&
-           quantized_int8_x == o.quantized_int8_x;
+           quantized_int8_x == o.quantized_int8_x && multi == o.multi;
   }
 
-  // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32": every
+  // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto": every
   // field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
   // auto|block2|warp2|warp4, attn fast|legacy, attn-heads 0|1|2|4|8,
-  // attn-chunk N >= 0, pdl on|off, qx f32|int8). Throws kvgraph::Error("[tuning] ...") on
+  // attn-chunk N >= 0, pdl on|off, qx f32|int8, mt auto|r8u2|r4u2|r8u1|r4u4). Throws kvgraph::Error("[tuning] ...") on
   // an unknown key or value.
   static Tuning parse(std::string_view spec);
 };

@@ -9,6 +9,7 @@ namespace kvgraph {
 namespace {
 
 constexpr std::string_view kGemvNames[] = {"auto", "block2", "warp2", "warp4"};
+constexpr std::string_view kMultiNames[] = {"auto", "r8u2", "r4u2", "r8u1", "r4u4"};
 
 int parse_count(std::string_view key, std::string_view v) {
   if (v == "auto") return 0;
@@ -24,9 +25,10 @@ std::string count_str(int n) { return n == 0 ? "auto" : std::to_string(n); }
 }  // namespace
 
 std::string Tuning::describe() const {
-  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={}", kGemvNames[static_cast<int>(gemv)],
-                     legacy_decode_attention ? "legacy" : "fast", count_str(attn_heads), count_str(attn_chunk),
-                     programmatic_launch ? "on" : "off", quantized_int8_x ? "int8" : "f32");
+  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={},mt={}",
+                     kGemvNames[static_cast<int>(gemv)], legacy_decode_attention ? "legacy" : "fast",
+                     count_str(attn_heads), count_str(attn_chunk), programmatic_launch ? "on" : "off",
+                     quantized_int8_x ? "int8" : "f32", kMultiNames[static_cast<int>(multi)]);
 }
 
 Tuning Tuning::parse(std::string_view spec) {
@@ -59,8 +61,13 @@ Tuning Tuning::parse(std::string_view spec) {
     } else if (key == "qx") {
       if (v != "f32" && v != "int8") fail("tuning", "qx={}: expected f32 or int8", v);
       t.quantized_int8_x = v == "int8";
+    } else if (key == "mt") {
+      bool found = false;
+      for (int i = 0; i < 5; ++i)
+        if (v == kMultiNames[i]) t.multi = static_cast<Multi>(i), found = true;
+      if (!found) fail("tuning", "mt={}: expected auto, r8u2, r4u2, r8u1 or r4u4", v);
     } else {
-      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl, qx)", key);
+      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl, qx, mt)", key);
     }
   }
   return t;

@@ -25,6 +25,7 @@
 #include "kvgraph/speculative.h"
 #include "kvgraph/tokenizer.h"
 #include "support/fixtures.h"
+#include "support/model_cache.h"
 
 using namespace kvgraph;
 using namespace kvgraph::testing;
@@ -47,12 +48,7 @@ Tensor gpu(const std::vector<float>& v, std::vector<int64_t> shape) {
   return Tensor::from_host(v.data(), std::move(shape), DType::F32, Device::CUDA);
 }
 
-std::shared_ptr<const Model> fixture(const std::string& family) {
-  static std::map<std::string, std::shared_ptr<const Model>> models;
-  auto& m = models[family];
-  if (!m) m = Model::load(fixtures_dir() / family, Device::CUDA);
-  return m;
-}
+std::shared_ptr<const Model> fixture(const std::string& family) { return shared_fixture(family, Device::CUDA); }
 
 std::vector<int32_t> prompt_for(const std::string& family) {
   std::vector<int32_t> p = load_reference(family).greedy_prompt;
@@ -79,15 +75,18 @@ class CudaMultiToken : public ::testing::Test {
 
 // Every GEMV launch shape (block2 for long rows, warp2, tuned warp4, the
 // unaligned scalar fallback), plain f32 / bf16 and 4- and 8-bit weights,
-// plain + bias, norm + gated, norm + residual: each row of T = 2..8 tokens
+// the several-token GEMV's variants (Tuning::multi), plain + bias, norm +
+// gated, norm + residual: each row of T = 2..8 tokens
 // equals the same row alone, bit for bit, and the product is right.
 TEST_F(CudaMultiToken, LinearRowsAreOneTokenRows) {
   struct Shape {
     int N, K;
     const char* tune;
   };
+  // (mt=...: the several-token GEMV's other row / batch variants.)
   for (const Shape sh : {Shape{520, 4096, ""}, Shape{1000, 1024, ""}, Shape{256, 512, "gemv=warp4"},
-                         Shape{96, 100, ""}}) {
+                         Shape{96, 100, ""}, Shape{520, 4096, "mt=r8u2"}, Shape{1000, 1024, "mt=r8u2"},
+                         Shape{520, 4096, "mt=r8u1"}, Shape{1000, 1024, "mt=r4u4"}, Shape{520, 4096, "mt=r4u4"}}) {
     Stream s(Device::CUDA, Tuning::parse(sh.tune));
     const int N = sh.N, K = sh.K, T = 8;
     const auto wv = random_vector(size_t(N) * K, 3, 0.05f);

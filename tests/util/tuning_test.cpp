@@ -12,19 +12,20 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
-  const Tuning t = Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=int8");
+  const Tuning t = Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=int8,mt=r4u2");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_TRUE(t.legacy_decode_attention);
   EXPECT_EQ(t.attn_heads, 2);
   EXPECT_EQ(t.attn_chunk, 64);
   EXPECT_FALSE(t.programmatic_launch);
   EXPECT_TRUE(t.quantized_int8_x);
+  EXPECT_EQ(t.multi, Tuning::Multi::r4u2);
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse("gemv=block2").gemv, Tuning::Gemv::block2);
   EXPECT_NE(Tuning::parse("gemv=block2"), Tuning{});
@@ -45,6 +46,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   expect_error("attn-chunk=-1", "attn-chunk=-1");
   expect_error("attn-chunk=12x", "attn-chunk=12x");
   expect_error("pdl=maybe", "pdl=maybe");
+  expect_error("mt=r16u1", "mt=r16u1");
   expect_error("colour=blue", "unknown key \"colour\"");
   expect_error("gemv", "expected key=value");
 }

@@ -157,6 +157,7 @@ struct LinearParams {
   bool gated = false;            // N even; no residual
   Activation act = Activation::SiLU;  // of the gate
   GemvShape shape = GemvShape::automatic;  // T == 1 launch shape (Tuning::gemv)
+  Tuning::Multi multi = Tuning::Multi::automatic;  // 2..kMaxGemvTokens tokens (Tuning::multi)
   // RMSNorm prologue (when norm != null): every token's x row is normalised
   // before the product, x_k * rsqrt(mean_k(x^2) + norm_eps) * g_k with
   // g_k = norm[k] (or 1 + norm[k] when norm_plus_one). x itself is not

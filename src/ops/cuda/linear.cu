@@ -306,8 +306,28 @@ __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
   }
 }
 
+// Several tokens: the T == 1 shape's threads per row group (kTPR), so each
+// row sums as it does alone; kRows rows a group (x is read once per group:
+// with T tokens the x reads, not the weights, would bound a pair).
+template <typename W, bool kNorm, int kTPR>
+void launch_gemv_multi(const GemvArgs<W>& a, Tuning::Multi multi, Launch stream) {
+  auto go = [&](auto kernel, int rows) {
+    launch(kernel, dim3(ceil_div(a.N, rows * (kBlock / kTPR))), dim3(kBlock), 0, stream, a);
+  };
+  // automatic is r4u2: on the H200 (2026-12-03, llama3.1-8b verify step of
+  // T tokens against one decode step) T = 2 / 5 / 8 took 1.21x / 1.99x /
+  // 2.92x with r4u2 against 1.38x / 2.41x / 3.50x with r8u2 (236-242
+  // registers: two blocks an SM); r8u1 2.51x and r4u4 2.35x at T = 5.
+  switch (multi) {
+    case Tuning::Multi::r8u2: go(gemv_kernel<W, kTPR, 2, kNorm, 8, kMaxGemvTokens>, 8); break;
+    case Tuning::Multi::r8u1: go(gemv_kernel<W, kTPR, 1, kNorm, 8, kMaxGemvTokens>, 8); break;
+    case Tuning::Multi::r4u4: go(gemv_kernel<W, kTPR, 4, kNorm, 4, kMaxGemvTokens>, 4); break;
+    default: go(gemv_kernel<W, kTPR, 2, kNorm, 4, kMaxGemvTokens>, 4); break;
+  }
+}
+
 template <typename W, bool kNorm>
-void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Launch stream) {
+void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Tuning::Multi multi, Launch stream) {
   constexpr int kVE = 16 / sizeof(W);
   const bool aligned = a.K % kVE == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
@@ -326,14 +346,10 @@ void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Launch stream) {
     shape = nvec >= 2 * kBlock ? GemvShape::block2 : GemvShape::warp2;
   }
   if (a.T > 1) {
-    // Several tokens: the T == 1 shape's threads per row group (so each row
-    // sums as it does alone), eight rows a group (x is read once per eight
-    // rows: with T tokens the x reads, not the weights, would bound a pair).
     if (shape == GemvShape::block2)
-      launch(gemv_kernel<W, kBlock, 2, kNorm, 8, kMaxGemvTokens>, dim3(ceil_div(a.N, 8)), dim3(kBlock), 0, stream, a);
+      launch_gemv_multi<W, kNorm, kBlock>(a, multi, stream);
     else
-      launch(gemv_kernel<W, 32, 2, kNorm, 8, kMaxGemvTokens>, dim3(ceil_div(a.N, 8 * (kBlock / 32))), dim3(kBlock), 0,
-             stream, a);
+      launch_gemv_multi<W, kNorm, 32>(a, multi, stream);
     return;
   }
   switch (shape) {
@@ -921,9 +937,9 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
           p.norm ? launch_qgemv<W, 8, true>(q, p.shape, stream) : launch_qgemv<W, 8, false>(q, p.shape, stream);
         }
       } else if (p.norm) {
-        launch_gemv<W, true>(a, p.shape, stream);
+        launch_gemv<W, true>(a, p.shape, p.multi, stream);
       } else {
-        launch_gemv<W, false>(a, p.shape, stream);
+        launch_gemv<W, false>(a, p.shape, p.multi, stream);
       }
       return;
     }
