@@ -14,6 +14,7 @@
 #include "kvgraph/model.h"
 #include "kvgraph/session.h"
 #include "support/fixtures.h"
+#include "support/model_cache.h"
 #include "support/temp_dir.h"
 
 using namespace kvgraph;
@@ -22,12 +23,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::shared_ptr<const Model> fixture(const std::string& family) {
-  static std::map<std::string, std::shared_ptr<const Model>> models;
-  auto& m = models[family];
-  if (!m) m = Model::load(fixtures_dir() / family, Device::CPU);
-  return m;
-}
+std::shared_ptr<const Model> fixture(const std::string& family) { return shared_fixture(family); }
 
 struct Future {
   std::vector<int32_t> tokens;

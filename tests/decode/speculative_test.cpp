@@ -29,6 +29,7 @@
 #include "kvgraph/speculative.h"
 #include "kvgraph/tokenizer.h"
 #include "support/fixtures.h"
+#include "support/model_cache.h"
 
 using namespace kvgraph;
 using namespace kvgraph::testing;
@@ -36,12 +37,7 @@ using ::testing::HasSubstr;
 
 namespace {
 
-std::shared_ptr<const Model> fixture(const std::string& family) {
-  static std::map<std::string, std::shared_ptr<const Model>> models;
-  auto& m = models[family];
-  if (!m) m = Model::load(fixtures_dir() / family, Device::CPU);
-  return m;
-}
+std::shared_ptr<const Model> fixture(const std::string& family) { return shared_fixture(family); }
 
 std::filesystem::path default_dir() { return std::filesystem::path(KVGRAPH_SOURCE_DIR) / "models" / "default"; }
 
