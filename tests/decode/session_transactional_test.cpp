@@ -61,6 +61,17 @@ ops::SamplingParams seeded() {
   return p;
 }
 
+// Two sessions brought to the same state: the seeded sampler, the greedy
+// prompt, and `decodes` decode steps.
+void same_start(Session& a, Session& b, const Reference& ref, int decodes) {
+  for (Session* s : {&a, &b}) {
+    s->sampling() = seeded();
+    s->prefill(ref.greedy_prompt);
+    s->sample();
+    for (int i = 0; i < decodes; ++i) s->decode();
+  }
+}
+
 class SessionTransactional : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
 
 }  // namespace
@@ -70,12 +81,7 @@ TEST_P(SessionTransactional, FailedDecodeStepLeavesEverythingAsBefore) {
   const Reference ref = load_reference(family);
   SessionOptions so{.capacity = 200, .max_write = 4, .eager = eager};
   Session a(fixture(family), so), b(fixture(family), so);
-  for (Session* s : {&a, &b}) {
-    s->sampling() = seeded();
-    s->prefill(ref.greedy_prompt);
-    s->sample();
-    for (int i = 0; i < 40; ++i) s->decode();  // rings wrap
-  }
+  same_start(a, b, ref, 40);  // rings wrap
   const int captures = a.captures();
   const int32_t L = a.position();
   const auto pending = a.pending();
@@ -100,11 +106,7 @@ TEST_P(SessionRecording, FailedRecordingLeavesEverythingAsBefore) {
   const Reference ref = load_reference(family);
   SessionOptions so{.capacity = 200, .max_write = 4};
   Session a(fixture(family), so), b(fixture(family), so);
-  for (Session* s : {&a, &b}) {
-    s->sampling() = seeded();
-    s->prefill(ref.greedy_prompt);
-    s->sample();
-  }
+  same_start(a, b, ref, 0);
   const auto pending = a.pending();
   a.set_fault_injection(fail_at("decode:while_recording", 2));
   for (int i = 0; i < 2; ++i) EXPECT_THROW(a.decode(), DeviceError);
@@ -130,12 +132,7 @@ TEST_P(SessionTransactional, FailedDecodeManyAndPrefillChunkLeaveEverythingAsBef
   const Reference ref = load_reference(family);
   SessionOptions so{.capacity = 200, .max_write = 4, .eager = eager};
   Session a(fixture(family), so), b(fixture(family), so);
-  for (Session* s : {&a, &b}) {
-    s->sampling() = seeded();
-    s->prefill(ref.greedy_prompt);
-    s->sample();
-    for (int i = 0; i < 30; ++i) s->decode();
-  }
+  same_start(a, b, ref, 30);
   a.set_fault_injection(fail_at("decode:after_step"));
   EXPECT_THROW(a.decode_many(5), DeviceError);
   // A long prefill (it wraps the rings: rows the rollback needs are
@@ -165,12 +162,7 @@ TEST_P(SessionTransactional, FullCacheAndBadTokenIdsWriteNothing) {
   const Reference ref = load_reference(family);
   SessionOptions so{.capacity = 40, .max_write = 4, .eager = eager};
   Session a(fixture(family), so), b(fixture(family), so);
-  for (Session* s : {&a, &b}) {
-    s->sampling() = seeded();
-    s->prefill(ref.greedy_prompt);
-    s->sample();
-    for (int i = 0; i < 10; ++i) s->decode();
-  }
+  same_start(a, b, ref, 10);
   const int V = fixture(family)->config().vocab_size;
   EXPECT_THROW(a.prefill(std::vector<int32_t>{1, 2, V, 3}), Error);
   EXPECT_THROW(a.prefill(std::vector<int32_t>{1, -1}), Error);

@@ -41,6 +41,42 @@ void expect_error(const Reply& r, int status, const std::string& code) {
   EXPECT_EQ(r.json["error"]["code"], code) << r.body;
 }
 
+// A long streamed completion on its own thread: the constructor returns once
+// its first chunk has arrived (it holds a slot), release() lets the client
+// hang up, finish() waits for the reply.
+class LongStream {
+ public:
+  explicit LongStream(const TestServer& ts)
+      : reply_(std::async(std::launch::async, [this, &ts] {
+          return ts.stream("/v1/completions",
+                           {{"prompt", "Once"}, {"max_tokens", 1000}, {"ignore_eos", true}, {"stream", true}},
+                           [this](const std::string&) {
+                             if (!signalled_) {
+                               signalled_ = true;
+                               started_.set_value();
+                             }
+                             return !release_.load();
+                           });
+        })) {
+    started_.get_future().wait();
+  }
+  ~LongStream() {
+    if (reply_.valid()) finish();
+  }
+  void release() { release_ = true; }
+  Reply finish() {
+    release();
+    return reply_.get();
+  }
+  Reply wait() { return reply_.get(); }  // without hanging up: the server ends it
+
+ private:
+  std::promise<void> started_;
+  std::atomic<bool> release_{false};
+  bool signalled_ = false;
+  std::future<Reply> reply_;
+};
+
 }  // namespace
 
 TEST(Server, HealthIs503WhileLoadingThenOk) {
@@ -563,47 +599,18 @@ TEST(Server, ClientDisconnectCancelsTheGeneration) {
 
 TEST(Server, BusyServerWithNoQueueAnswers503) {
   TestServer ts({.parallel = 1, .queue = {.max_waiting = 0, .max_wait = std::chrono::milliseconds(0)}});
-  std::promise<void> started;
-  std::atomic<bool> release{false};
-  bool signalled = false;
-  auto long_one = std::async(std::launch::async, [&] {
-    return ts.stream("/v1/completions",
-                     {{"prompt", "Once"}, {"max_tokens", 1000}, {"ignore_eos", true}, {"stream", true}},
-                     [&](const std::string&) {
-                       if (!signalled) {
-                         signalled = true;
-                         started.set_value();
-                       }
-                       return !release.load();
-                     });
-  });
-  started.get_future().wait();
+  LongStream long_one(ts);
   Reply busy = ts.post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 2}});
   expect_error(busy, 503, "server_busy");
   EXPECT_EQ(busy.headers.find("Retry-After")->second, "1");
-  release = true;
-  long_one.get();
+  long_one.finish();
   ASSERT_TRUE(TestServer::eventually([&] { return ts.server().slots_busy() == 0; }));
   EXPECT_EQ(ts.post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 2}}).status, 200);
 }
 
 TEST(Server, WaitingPastTheQueueTimeoutIs503AndAShortWaitIsServed) {
   TestServer ts({.parallel = 1, .queue = {.max_waiting = 4, .max_wait = std::chrono::milliseconds(800)}});
-  std::promise<void> started;
-  std::atomic<bool> release{false};
-  bool signalled = false;
-  auto long_one = std::async(std::launch::async, [&] {
-    return ts.stream("/v1/completions",
-                     {{"prompt", "Once"}, {"max_tokens", 1000}, {"ignore_eos", true}, {"stream", true}},
-                     [&](const std::string&) {
-                       if (!signalled) {
-                         signalled = true;
-                         started.set_value();
-                       }
-                       return !release.load();
-                     });
-  });
-  started.get_future().wait();
+  LongStream long_one(ts);
   const auto t0 = std::chrono::steady_clock::now();
   Reply late = ts.post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 2}});
   const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -612,29 +619,15 @@ TEST(Server, WaitingPastTheQueueTimeoutIs503AndAShortWaitIsServed) {
   // A request that waits less than the timeout is served.
   auto queued = std::async(std::launch::async, [&] { return ts.post("/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 2}}); });
   ASSERT_TRUE(TestServer::eventually([&] { return ts.metric("kvgraph_requests_waiting") == 1; }));
-  release = true;
-  long_one.get();
+  long_one.finish();
   EXPECT_EQ(queued.get().status, 200);
 }
 
 TEST(Server, StopEndsARunningStreamCleanly) {
   auto ts = std::make_unique<TestServer>();
-  std::promise<void> started;
-  bool signalled = false;
-  auto s = std::async(std::launch::async, [&] {
-    return ts->stream("/v1/completions",
-                      {{"prompt", "Once"}, {"max_tokens", 1000}, {"ignore_eos", true}, {"stream", true}},
-                      [&](const std::string&) {
-                        if (!signalled) {
-                          signalled = true;
-                          started.set_value();
-                        }
-                        return true;
-                      });
-  });
-  started.get_future().wait();
+  LongStream s(*ts);
   ts->server().stop();
-  Reply r = s.get();
+  Reply r = s.wait();
   const auto data = sse_data(r.body);
   ASSERT_GE(data.size(), 2u);
   EXPECT_EQ(data.back(), "[DONE]");
