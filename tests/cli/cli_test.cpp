@@ -481,8 +481,13 @@ TEST(Cli, BenchCountsQuantizedKvBytesAndNamesTheFormat) {
   // The default model: head_dim 64, one group of 64: a K or V row is 32 + 4 bytes against 128.
   EXPECT_NEAR(b["kv_bytes_per_token_avg"].get<double>() / a["kv_bytes_per_token_avg"].get<double>(), 36.0 / 128, 1e-12);
   EXPECT_TRUE(b["prefill_tok_s"].is_null());
+  EXPECT_TRUE(b["ttft_ms"].is_null());
   EXPECT_TRUE(b["context_filled_without_prefill"].get<bool>());
   EXPECT_FALSE(a["prefill_tok_s"].is_null());
+  // Time to first token is the prefill's time: prompt / (tokens per second).
+  EXPECT_NEAR(a["ttft_ms"].get<double>(), 32 / a["prefill_tok_s"].get<double>() * 1e3,
+              1e-9 * a["ttft_ms"].get<double>());
+  EXPECT_EQ(a["chunk"], 64);
 }
 
 // On the CPU the embedded model sits in the last-level cache: a DRAM floor

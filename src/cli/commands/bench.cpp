@@ -160,6 +160,10 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   j["kv_bytes_per_token_avg"] = kv_read / f.new_tokens;
   j["copy_bandwidth_gbs"] = bw_gbs;
   j["prefill_tok_s"] = f.no_prefill ? nlohmann::json() : nlohmann::json(f.prompt / prefill_s);
+  // Time to first token: the whole prompt's prefill and the first sampled
+  // token read back (what a user waits before the first word).
+  j["ttft_ms"] = f.no_prefill ? nlohmann::json() : nlohmann::json(prefill_s * 1e3);
+  j["chunk"] = mf.chunk;
   j["context_filled_without_prefill"] = f.no_prefill;
   j["decode_ms_median"] = median;
   j["decode_ms_p99"] = p99;
@@ -227,6 +231,9 @@ void run_bench(const BenchFlags& f) {
                  j["decode_ms_median"].get<double>(),
                  j["decode_ms_p99"].get<double>(), j["floor_ms"].get<double>(), pct("fraction_of_floor"), bw,
                  j["decode_ms_queued"].get<double>(), pct("fraction_of_floor_queued"));
+      if (!j["ttft_ms"].is_null())
+        fmt::print("  time to first token: {:.1f} ms ({} prompt tokens, steps of {})\n", j["ttft_ms"].get<double>(),
+                   j["prompt"].get<int>(), j["chunk"].get<int>());
       if (j.contains("floor_note")) fmt::print("  of floor n/a: {}\n", j["floor_note"].get<std::string>());
       if (j.contains("verify_tokens"))
         fmt::print("  verify step of {} tokens: {:.3f} ms = {:.2f}x a decode step ({:.3f} ms with the rollback of "
