@@ -32,21 +32,29 @@ struct Tuning {
   // the H200, figures in src/ops/cuda/linear.cu).
   enum class Multi : uint8_t { automatic, r8u2, r4u2, r8u1, r4u4 };
   Multi multi = Multi::automatic;
+  // Attention of steps of more than kMaxDecodeQueries tokens (prefill chunks)
+  // over bf16/f16 pools at head dim 64/128/256: legacy (attend_kernel, f32
+  // FMAs, one block per query) or flash (tensor cores, FlashAttention-2
+  // style tiles of 64 queries; q and P rounded to the K/V type). Other
+  // storage, head dims and short steps keep the legacy kernels either way.
+  enum class PrefillAttn : uint8_t { legacy, flash };
+  PrefillAttn prefill_attn = PrefillAttn::legacy;
 
   // Spelled out: the CUDA sources, which include this, are C++17.
   bool operator==(const Tuning& o) const {
     return gemv == o.gemv && legacy_decode_attention == o.legacy_decode_attention && attn_heads == o.attn_heads &&
            attn_chunk == o.attn_chunk && programmatic_launch == o.programmatic_launch &&
-           quantized_int8_x == o.quantized_int8_x && multi == o.multi;
+           quantized_int8_x == o.quantized_int8_x && multi == o.multi && prefill_attn == o.prefill_attn;
   }
 
-  // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto": every
-  // field, in the form parse() reads.
+  // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto,prefill-attn=legacy":
+  // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
   // auto|block2|warp2|warp4, attn fast|legacy, attn-heads 0|1|2|4|8,
-  // attn-chunk N >= 0, pdl on|off, qx f32|int8, mt auto|r8u2|r4u2|r8u1|r4u4). Throws kvgraph::Error("[tuning] ...") on
-  // an unknown key or value.
+  // attn-chunk N >= 0, pdl on|off, qx f32|int8, mt auto|r8u2|r4u2|r8u1|r4u4,
+  // prefill-attn legacy|flash). Throws kvgraph::Error("[tuning] ...") on an
+  // unknown key or value.
   static Tuning parse(std::string_view spec);
 };
 

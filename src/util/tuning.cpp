@@ -25,10 +25,11 @@ std::string count_str(int n) { return n == 0 ? "auto" : std::to_string(n); }
 }  // namespace
 
 std::string Tuning::describe() const {
-  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={},mt={}",
+  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={},mt={},prefill-attn={}",
                      kGemvNames[static_cast<int>(gemv)], legacy_decode_attention ? "legacy" : "fast",
                      count_str(attn_heads), count_str(attn_chunk), programmatic_launch ? "on" : "off",
-                     quantized_int8_x ? "int8" : "f32", kMultiNames[static_cast<int>(multi)]);
+                     quantized_int8_x ? "int8" : "f32", kMultiNames[static_cast<int>(multi)],
+                     prefill_attn == PrefillAttn::flash ? "flash" : "legacy");
 }
 
 Tuning Tuning::parse(std::string_view spec) {
@@ -66,8 +67,11 @@ Tuning Tuning::parse(std::string_view spec) {
       for (int i = 0; i < 5; ++i)
         if (v == kMultiNames[i]) t.multi = static_cast<Multi>(i), found = true;
       if (!found) fail("tuning", "mt={}: expected auto, r8u2, r4u2, r8u1 or r4u4", v);
+    } else if (key == "prefill-attn") {
+      if (v != "legacy" && v != "flash") fail("tuning", "prefill-attn={}: expected legacy or flash", v);
+      t.prefill_attn = v == "flash" ? PrefillAttn::flash : PrefillAttn::legacy;
     } else {
-      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl, qx, mt)", key);
+      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl, qx, mt, prefill-attn)", key);
     }
   }
   return t;

@@ -16,6 +16,7 @@
 
 #include "kvgraph/dtype.h"
 #include "kvgraph/error.h"
+#include "kvgraph/tuning.h"
 #include "ops/cuda/kernels.h"
 #include "support/cuda_test_util.h"
 
@@ -41,6 +42,9 @@ struct Case {
   bool fused_qkv = false;  // q, k, v as strided views of one [T, (Hq + 2 Hkv) * D] buffer
   bool prologue = false;   // q/k RMSNorm (Gemma's 1 + w) and RoPE inside the kernel
   bool pdl = true;         // programmatic dependent launch
+  // Steps of T > kMaxDecodeQueries: attend_kernel (legacy) or the tensor-core
+  // flash_attend_kernel (16-bit storage, head dim 64/128/256).
+  Tuning::PrefillAttn prefill = Tuning::PrefillAttn::legacy;
 };
 
 // The prologue on the host, in f32 as the CPU backend does it: per-head
@@ -62,7 +66,8 @@ void host_prologue(float* h, int D, const std::vector<float>& w, const std::vect
 std::string describe(const Case& c) {
   return "Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) + " " +
          std::string(dtype_name(c.storage)) + (c.window ? " ring W=" + std::to_string(c.window) : " flat") +
-         (c.softcap > 0 ? " softcap" : "") + (c.fused_qkv ? " fused" : "") + (c.prologue ? " prologue" : "");
+         (c.softcap > 0 ? " softcap" : "") + (c.fused_qkv ? " fused" : "") + (c.prologue ? " prologue" : "") +
+         (c.prefill == Tuning::PrefillAttn::flash ? " prefill-attn=flash" : "");
 }
 
 // The reference: full K/V history by absolute position, rounded like the pool.
@@ -121,6 +126,9 @@ class Runner {
         pos_(to_device(std::vector<int32_t>{0})),
         ws_(c.Hq, c.D, c.max_splits, c.min_chunk),
         hist_{c.Hkv, c.D, c.storage, {}, {}} {
+    Tuning t;
+    t.prefill_attn = c.prefill;
+    ws_.tune(t);
     KVGRAPH_CUDA_CHECK(cudaMemset(k_pool_.data(), 0xff, k_pool_.bytes()));  // NaN everywhere
     KVGRAPH_CUDA_CHECK(cudaMemset(v_pool_.data(), 0xff, v_pool_.bytes()));
     if (c.prologue) {
@@ -236,11 +244,27 @@ bool have_gpu() { return device_count() > 0; }
 
 constexpr double kTol = 1e-3;
 
+// The bound of a case's prefill steps. The flash kernel rounds q and P to
+// the storage type for the tensor cores (the reference keeps both in f32):
+// unit roundoff 2^-8 in bf16, 2^-11 in f16, on every score (~u |q||k| scale,
+// so it grows with the logits) and every weight. Errors are per query row
+// (max |diff| / max |want| over its heads): a row that misses or adds one of
+// its n keys moves by about 1 / sqrt(n) (0.09 at n = 130), well above these.
+// A CPU emulation of the kernel's rounding (tiles, running max, rounded P)
+// against f64 on these inputs gave bf16 3.4-4.9e-3 and f16 0.6-0.9e-3 at
+// unit-scale logits, f16 4.1e-3 with logits x16 and softcap 50: the bounds
+// leave 2-3x. Not yet run on a GPU.
+double tol_of(const Case& c) {
+  if (c.prefill == Tuning::PrefillAttn::legacy || c.storage == DType::F32) return kTol;
+  return (c.storage == DType::BF16 ? 1.2e-2 : 2e-3) * std::max(1.f, c.scale_mult / 4);
+}
+
 // ---------------------------------------------------------------- flat: GQA x head dim x storage
 
 struct FlatParam {
   int D, Hq, Hkv;
   DType storage;
+  Tuning::PrefillAttn prefill = Tuning::PrefillAttn::legacy;
 };
 
 class CudaAttentionFlat : public ::testing::TestWithParam<FlatParam> {};
@@ -254,11 +278,12 @@ TEST_P(CudaAttentionFlat, PrefillThenDecodeMatchesCpu) {
   c.Hkv = fp.Hkv;
   c.storage = fp.storage;
   c.capacity = 128;
+  c.prefill = fp.prefill;
   Runner r(c);
   uint32_t seed = 1;
-  EXPECT_LT(r.step(37, seed++), kTol) << describe(c) << " prefill";
+  EXPECT_LT(r.step(37, seed++), tol_of(c)) << describe(c) << " prefill";
   for (int i = 0; i < 12; ++i) ASSERT_LT(r.step(1, seed++), kTol) << describe(c) << " decode at " << r.length();
-  EXPECT_LT(r.step(9, seed++), kTol) << describe(c) << " second prefill chunk";
+  EXPECT_LT(r.step(9, seed++), tol_of(c)) << describe(c) << " second prefill chunk";
   for (int i = 0; i < 10; ++i) ASSERT_LT(r.step(1, seed++), kTol) << describe(c) << " decode at " << r.length();
   EXPECT_EQ(r.device_position(), r.length());
 }
@@ -270,13 +295,18 @@ std::vector<FlatParam> flat_params() {
       for (DType s : {DType::F32, DType::BF16, DType::F16}) v.push_back({D, hq, hkv, s});
   v.push_back({32, 4, 1, DType::BF16});
   v.push_back({8, 2, 1, DType::F32});
+  // The prefill chunks through the tensor-core kernel where it applies.
+  for (int D : {64, 128, 256})
+    for (auto [hq, hkv] : {std::pair{4, 4}, {4, 2}, {8, 2}, {14, 2}})
+      for (DType s : {DType::BF16, DType::F16}) v.push_back({D, hq, hkv, s, Tuning::PrefillAttn::flash});
   return v;
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaAttentionFlat, ::testing::ValuesIn(flat_params()),
                          [](const ::testing::TestParamInfo<FlatParam>& i) {
                            return "D" + std::to_string(i.param.D) + "_Hq" + std::to_string(i.param.Hq) + "_Hkv" +
-                                  std::to_string(i.param.Hkv) + "_" + std::string(dtype_name(i.param.storage));
+                                  std::to_string(i.param.Hkv) + "_" + std::string(dtype_name(i.param.storage)) +
+                                  (i.param.prefill == Tuning::PrefillAttn::flash ? "_flash" : "");
                          });
 
 // ---------------------------------------------------------------- ring: many wraps, mixed step sizes
@@ -293,7 +323,7 @@ TEST_P(CudaAttentionRing, StepsOfOneToMaxWriteAcrossWrapsMatchFullHistoryInTheWi
   uint32_t seed = 11;
   while (r.length() < 10 * pool) {
     const int T = pick(rng);
-    ASSERT_LT(r.step(T, seed++), kTol) << describe(c) << " step T=" << T << " at " << r.length();
+    ASSERT_LT(r.step(T, seed++), tol_of(c)) << describe(c) << " step T=" << T << " at " << r.length();
   }
   EXPECT_EQ(r.device_position(), r.length());
 }
@@ -312,13 +342,23 @@ Case ring(int D, int Hq, int Hkv, DType s, int window, int max_write, float soft
   return c;
 }
 
+Case flash(Case c) {
+  c.prefill = Tuning::PrefillAttn::flash;
+  return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(All, CudaAttentionRing,
                          ::testing::Values(ring(64, 14, 2, DType::BF16, 16, 5),
                                            ring(128, 8, 2, DType::F16, 16, 5, 30.f, 4.f),
                                            ring(32, 4, 1, DType::F32, 8, 3),
                                            ring(16, 4, 4, DType::BF16, 16, 16),
                                            ring(256, 8, 4, DType::BF16, 12, 4),
-                                           ring(64, 4, 1, DType::BF16, 5, 1)));
+                                           ring(64, 4, 1, DType::BF16, 5, 1),
+                                           // steps of 9..max_write through the tensor-core kernel
+                                           flash(ring(64, 14, 2, DType::BF16, 16, 40)),
+                                           flash(ring(128, 8, 2, DType::F16, 24, 33, 30.f, 4.f)),
+                                           flash(ring(256, 8, 4, DType::BF16, 12, 20)),
+                                           flash(ring(64, 7, 7, DType::F16, 70, 65))));
 
 // ---------------------------------------------------------------- other shapes and features
 
@@ -387,7 +427,9 @@ TEST(CudaAttention, QkNormAndRopePrologueMatchesHostReference) {
     }
 }
 
-TEST(CudaAttention, LongFlatContextWithManySplits) {
+class CudaAttentionLong : public ::testing::TestWithParam<Tuning::PrefillAttn> {};
+
+TEST_P(CudaAttentionLong, FlatContextWithManySplits) {
   SKIP_WITHOUT_GPU();
   Case c;
   c.D = 128;
@@ -396,24 +438,172 @@ TEST(CudaAttention, LongFlatContextWithManySplits) {
   c.capacity = 8192;
   c.max_splits = 64;
   c.min_chunk = 64;
+  c.prefill = GetParam();
   Runner r(c);
   uint32_t seed = 1;
   for (int chunk = 0; chunk < 7; ++chunk)
-    ASSERT_LT(r.step(1024, seed++, {0, 1, 511, 1000, 1022, 1023}), kTol) << "prefill chunk " << chunk;
+    ASSERT_LT(r.step(1024, seed++, {0, 1, 511, 1000, 1022, 1023}), tol_of(c)) << "prefill chunk " << chunk;
   for (int i = 0; i < 48; ++i) ASSERT_LT(r.step(1, seed++), kTol) << "decode at " << r.length();
   EXPECT_EQ(r.device_position(), 7 * 1024 + 48);
 }
 
-TEST(CudaAttention, LongRingContextWrapsWithManySplits) {
+TEST_P(CudaAttentionLong, RingContextWrapsWithManySplits) {
   SKIP_WITHOUT_GPU();
   Case c = ring(128, 8, 2, DType::BF16, 4096, 1024);
   c.max_splits = 64;
   c.min_chunk = 64;
+  c.prefill = GetParam();
   Runner r(c);
   uint32_t seed = 1;
   for (int chunk = 0; chunk < 10; ++chunk)
-    ASSERT_LT(r.step(1024, seed++, {0, 700, 1023}), kTol) << "prefill chunk " << chunk;
+    ASSERT_LT(r.step(1024, seed++, {0, 700, 1023}), tol_of(c)) << "prefill chunk " << chunk;
   for (int i = 0; i < 32; ++i) ASSERT_LT(r.step(1, seed++), kTol) << "decode at " << r.length();
+}
+
+std::string prefill_name(const ::testing::TestParamInfo<Tuning::PrefillAttn>& i) {
+  return i.param == Tuning::PrefillAttn::flash ? "flash" : "legacy";
+}
+
+INSTANTIATE_TEST_SUITE_P(Tunings, CudaAttentionLong,
+                         ::testing::Values(Tuning::PrefillAttn::legacy, Tuning::PrefillAttn::flash), prefill_name);
+
+// ---------------------------------------------------------------- prefill chunks (T > kMaxDecodeQueries) per tuning
+
+// Steps of odd T over 16-bit pools at the flash kernel's head dims, under
+// each prefill tuning: causal flat pools (first chunk and chunks that start
+// mid-sequence), band masks over rings that wrapped many times, GQA 1, 4
+// and 7, softcap, the q-norm + RoPE prologue; every row of every step
+// against the full-history reference.
+class CudaPrefillAttention : public ::testing::TestWithParam<Tuning::PrefillAttn> {};
+
+TEST_P(CudaPrefillAttention, OddChunksOverFlatPoolsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int D : {64, 128, 256})
+    for (auto [hq, hkv] : {std::pair{4, 4}, {8, 2}, {14, 2}})
+      for (DType st : {DType::BF16, DType::F16}) {
+        Case c;
+        c.D = D;
+        c.Hq = hq;
+        c.Hkv = hkv;
+        c.storage = st;
+        c.capacity = 320;
+        c.prefill = GetParam();
+        Runner r(c);
+        uint32_t seed = 1;
+        for (int T : {130, 9, 33, 1, 65, 2, 33})
+          ASSERT_LT(r.step(T, seed++), T > 8 ? tol_of(c) : kTol) << describe(c) << " T=" << T << " at " << r.length();
+        EXPECT_EQ(r.device_position(), r.length());
+      }
+}
+
+TEST_P(CudaPrefillAttention, BandMasksOverWrappedRingsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  for (int D : {64, 128, 256})
+    for (auto [hq, hkv] : {std::pair{8, 2}, {14, 2}})
+      for (DType st : {DType::BF16, DType::F16}) {
+        Case c = ring(D, hq, hkv, st, 40, 65);  // pool 104
+        c.prefill = GetParam();
+        Runner r(c);
+        uint32_t seed = 1;
+        const int steps[] = {65, 9, 33, 1, 65, 17, 64, 3, 65};
+        for (int i = 0; r.length() < 8 * 104; ++i) {
+          const int T = steps[i % 9];
+          ASSERT_LT(r.step(T, seed++), T > 8 ? tol_of(c) : kTol)
+              << describe(c) << " T=" << T << " at " << r.length();
+        }
+      }
+}
+
+TEST_P(CudaPrefillAttention, SoftcapAndPrologue) {
+  SKIP_WITHOUT_GPU();
+  std::vector<Case> cases;
+  {
+    Case c;  // a softcap that bites on unit-scale logits
+    c.D = 128;
+    c.capacity = 200;
+    c.softcap = 2.f;
+    cases.push_back(c);
+    c.D = 256;  // Gemma-2-like: softcap 50 on logits scaled up 16x (f16: q and P keep 11 bits)
+    c.Hq = 8;
+    c.Hkv = 4;
+    c.softcap = 50.f;
+    c.scale_mult = 16.f;
+    c.storage = DType::F16;
+    cases.push_back(c);
+  }
+  for (int D : {64, 256})
+    for (int window : {0, 24}) {
+      Case c;
+      c.D = D;
+      c.Hq = D == 256 ? 4 : 14;
+      c.Hkv = D == 256 ? 1 : 2;
+      c.fused_qkv = D == 64;
+      c.prologue = true;
+      c.window = window;
+      c.max_write = 40;
+      c.capacity = 200;
+      cases.push_back(c);
+    }
+  for (Case c : cases) {
+    c.prefill = GetParam();
+    Runner r(c);
+    uint32_t seed = 1;
+    for (int T : {40, 9, 1, 33, 1, 1, 40})
+      ASSERT_LT(r.step(T, seed++), T > 8 ? tol_of(c) : kTol) << describe(c) << " T=" << T << " at " << r.length();
+  }
+}
+
+TEST_P(CudaPrefillAttention, TwoRunsAreBitwiseEqual) {
+  SKIP_WITHOUT_GPU();
+  for (int D : {64, 128, 256}) {
+    auto run = [&] {
+      Case c = ring(D, 14, 2, DType::BF16, 48, 100);
+      c.prefill = GetParam();
+      Runner r(c);
+      std::vector<float> all;
+      for (int i = 0; i < 6; ++i) {
+        r.step(97, 1 + i, {0});
+        all.insert(all.end(), r.last_output().begin(), r.last_output().end());
+      }
+      return all;
+    };
+    const auto a = run(), b = run();
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << "D=" << D;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tunings, CudaPrefillAttention,
+                         ::testing::Values(Tuning::PrefillAttn::legacy, Tuning::PrefillAttn::flash), prefill_name);
+
+// The switch moves only steps of T > kMaxDecodeQueries: after the same
+// prefill (the pools are written by the same kernel under both tunings),
+// steps of 1..8 tokens give the same bits whichever prefill kernel ran.
+TEST(CudaAttention, ShortStepsAreBitwiseTheSameUnderEitherPrefillTuning) {
+  SKIP_WITHOUT_GPU();
+  for (DType st : {DType::BF16, DType::F16}) {
+    auto run = [&](Tuning::PrefillAttn pa) {
+      Case c;
+      c.D = 128;
+      c.Hq = 8;
+      c.Hkv = 2;
+      c.storage = st;
+      c.capacity = 128;
+      c.prefill = pa;
+      Runner r(c);
+      r.step(40, 1);
+      std::vector<float> all;
+      uint32_t seed = 2;
+      for (int T : {1, 5, 8, 1, 2}) {
+        r.step(T, seed++);
+        all.insert(all.end(), r.last_output().begin(), r.last_output().end());
+      }
+      return all;
+    };
+    const auto a = run(Tuning::PrefillAttn::legacy), b = run(Tuning::PrefillAttn::flash);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << dtype_name(st);
+  }
 }
 
 TEST(CudaAttention, ResultsAreBitwiseReproducibleWithAndWithoutPdl) {

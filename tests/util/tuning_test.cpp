@@ -12,13 +12,14 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto,prefill-attn=legacy");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
-  const Tuning t = Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=int8,mt=r4u2");
+  const Tuning t =
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=int8,mt=r4u2,prefill-attn=flash");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_TRUE(t.legacy_decode_attention);
   EXPECT_EQ(t.attn_heads, 2);
@@ -26,7 +27,11 @@ TEST(Tuning, EveryKeyParses) {
   EXPECT_FALSE(t.programmatic_launch);
   EXPECT_TRUE(t.quantized_int8_x);
   EXPECT_EQ(t.multi, Tuning::Multi::r4u2);
+  EXPECT_EQ(t.prefill_attn, Tuning::PrefillAttn::flash);
   EXPECT_EQ(Tuning::parse(t.describe()), t);
+  EXPECT_EQ(Tuning{}.prefill_attn, Tuning::PrefillAttn::legacy);  // flash waits for its H200 run
+  EXPECT_NE(Tuning::parse("prefill-attn=flash"), Tuning{});
+  EXPECT_EQ(Tuning::parse("prefill-attn=legacy"), Tuning{});
   EXPECT_EQ(Tuning::parse("gemv=block2").gemv, Tuning::Gemv::block2);
   EXPECT_NE(Tuning::parse("gemv=block2"), Tuning{});
 }
@@ -47,6 +52,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   expect_error("attn-chunk=12x", "attn-chunk=12x");
   expect_error("pdl=maybe", "pdl=maybe");
   expect_error("mt=r16u1", "mt=r16u1");
+  expect_error("prefill-attn=fast", "prefill-attn=fast");
   expect_error("colour=blue", "unknown key \"colour\"");
   expect_error("gemv", "expected key=value");
 }

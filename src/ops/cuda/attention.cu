@@ -15,6 +15,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
+
+#include <cuda_bf16.h>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kv_codec.cuh"
@@ -424,6 +427,335 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
   if (single) return;
 
   merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
+}
+
+// ---------------------------------------------------------------- tensor-core prefill (Tuning::prefill_attn)
+//
+// FlashAttention-2 style attention for steps of T > kMaxDecodeQueries tokens
+// over 16-bit pools (S = bf16 or f16) at head dim 64, 128 or 256. A block of
+// 4 warps owns a tile of kFlashBQ = 64 queries (16 rows a warp) of one query
+// head; the keys its queries may see, [first_visible(first query), last
+// query], stream through shared memory in tiles of BKV rows, gathered row by
+// row by slot (ring pools wrap) with cp.async, the next tile in flight while
+// the current one computes. Per tile and warp: S = Q K^T on the tensor cores
+// (mma.sync m16n8k16, q rounded to S, f32 accumulate), scale, softcap and the
+// causal/band mask in f32, an online softmax in f32 registers (running max
+// and sum per row), P rounded to S and O += P V on the tensor cores. The row
+// sum adds the rounded P, so O / l is a convex combination of the V rows.
+// Fixed order everywhere (no atomics): results are deterministic.
+constexpr int kFlashBQ = 64;
+constexpr int kFlashWarps = 4;
+constexpr int kFlashThreads = kFlashWarps * 32;
+
+template <int D>
+struct FlashShape {
+  static constexpr int BKV = D == 256 ? 32 : 64;  // keys per tile (D = 256: shared memory, registers)
+  static constexpr int LD = D + 8;                // row stride in elements: 16 bytes of padding, no bank conflicts
+  static constexpr bool kQInRegs = D <= 128;      // q fragments held in registers (D = 256: read per tile)
+  // Q tile, then two stages of K and of V, all [rows, LD] in S.
+  static constexpr size_t kSmem = size_t(kFlashBQ + 4 * BKV) * LD * 2;
+};
+
+template <typename S> struct Mma;
+template <> struct Mma<detail::bf16> {
+  // (lo, hi) -> two rounded values in one register, lo in the low half.
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi, float& sum) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    sum += __low2float(h) + __high2float(h);
+    uint32_t u;
+    memcpy(&u, &h, 4);
+    return u;
+  }
+  static __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<detail::f16> {
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi, float& sum) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    sum += __low2float(h) + __high2float(h);
+    uint32_t u;
+    memcpy(&u, &h, 4);
+    return u;
+  }
+  static __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+// 16 bytes global -> shared; zeros when !valid (src is then not read).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+template <typename S, int D>
+__global__ void __launch_bounds__(kFlashThreads) flash_attend_kernel(AttnArgs<S> a) {
+  using Sh = FlashShape<D>;
+  constexpr int BKV = Sh::BKV, LD = Sh::LD;
+  constexpr int NB = BKV / 8;   // n-blocks of 8 keys in S = Q K^T
+  constexpr int ND = D / 8;     // n-blocks of 8 head-dim columns in O
+  constexpr int CH = D / 8;     // 16-byte chunks of a row
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ __align__(16) unsigned char flash_smem[];
+  S* q_s = reinterpret_cast<S*>(flash_smem);  // [kFlashBQ, LD]
+  S* k_s = q_s + kFlashBQ * LD;               // [2, BKV, LD]
+  S* v_s = k_s + 2 * BKV * LD;                // [2, BKV, LD]
+
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+
+  const int hq = blockIdx.x;
+  const int h = hq / a.G;
+  // The last query tiles see the most keys: they start first.
+  const int t0 = (gridDim.y - 1 - blockIdx.y) * kFlashBQ;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t pos0 = a.pos[0];
+  const int t_last = min(t0 + kFlashBQ, a.T) - 1;
+  const int32_t kv_lo = first_visible(a.rule, pos0 + t0);
+  const int32_t kv_hi = pos0 + t_last;  // every key of [kv_lo, kv_hi] is resident (span <= pool)
+  const int n_tiles = (kv_hi - kv_lo) / BKV + 1;
+  const S* kp = a.k_pool + size_t(h) * a.rule.pool * D;
+  const S* vp = a.v_pool + size_t(h) * a.rule.pool * D;
+
+  // K and V rows of key tile `it` into stage it % 2; rows past kv_hi are zeros.
+  auto load_tile = [&](int it) {
+    const int32_t j0 = kv_lo + it * BKV;
+    S* ks = k_s + (it & 1) * BKV * LD;
+    S* vs = v_s + (it & 1) * BKV * LD;
+#pragma unroll
+    for (int k = 0; k < BKV * CH / kFlashThreads; ++k) {
+      const int i = threadIdx.x + k * kFlashThreads;
+      const int r = i / CH, c = i % CH;
+      const int32_t j = j0 + r;
+      const bool valid = j <= kv_hi;
+      const size_t off = valid ? size_t(slot_of(a.rule, j)) * D + c * 8 : 0;
+      cp_async16(smem_addr(ks + r * LD + c * 8), kp + off, valid);
+      cp_async16(smem_addr(vs + r * LD + c * 8), vp + off, valid);
+    }
+    cp_async_commit();
+  };
+  load_tile(0);
+
+  // The warp's 16 query rows: f32 from global, the prologue at each row's own
+  // position (the arithmetic of head_prologue, a lane holding elements lane +
+  // 32 i, so both halves of each RoPE pair), then rounded to S in shared
+  // memory. Rows go in batches of RB whose loads are all in flight together.
+  {
+    constexpr int E = D / 32, RB = 16 / E;  // 16 values a lane in flight (more spilled at D = 64)
+    float wq[E], fr[E / 2];
+#pragma unroll
+    for (int i = 0; i < E; ++i) wq[i] = a.q_norm ? a.q_norm[lane + 32 * i] : 0.f;
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) fr[i] = a.inv_freq ? a.inv_freq[lane + 32 * i] : 0.f;
+#pragma unroll 1
+    for (int r0 = 0; r0 < 16; r0 += RB) {
+      float x[RB][E];
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        const int t = t0 + warp * 16 + r0 + rb;
+        const float* qr = a.q + t * a.q_stride + size_t(hq) * D;
+#pragma unroll
+        for (int i = 0; i < E; ++i) x[rb][i] = t < a.T ? qr[lane + 32 * i] : 0.f;
+      }
+#pragma unroll
+      for (int rb = 0; rb < RB; ++rb) {
+        const int row = warp * 16 + r0 + rb, t = t0 + row;
+        if (a.q_norm) {
+          float ss = 0.f;
+#pragma unroll
+          for (int i = 0; i < E; ++i) ss += x[rb][i] * x[rb][i];
+          ss = detail::warp_sum(ss);
+          const float inv = rsqrtf(ss / D + a.norm_eps);
+#pragma unroll
+          for (int i = 0; i < E; ++i) x[rb][i] = x[rb][i] * inv * (a.norm_plus_one ? 1.0f + wq[i] : wq[i]);
+        }
+        if (a.inv_freq && t < a.T) {
+          const float pos = static_cast<float>(pos0 + t);
+#pragma unroll
+          for (int i = 0; i < E / 2; ++i) {
+            float sn, cs;
+            sincosf(pos * fr[i], &sn, &cs);
+            const float x0 = x[rb][i], x1 = x[rb][i + E / 2];
+            x[rb][i] = x0 * cs - x1 * sn;
+            x[rb][i + E / 2] = x1 * cs + x0 * sn;
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < E; ++i) q_s[row * LD + lane + 32 * i] = detail::from_f32<S>(x[rb][i]);
+      }
+    }
+    __syncwarp();
+  }
+
+  // mma fragment coordinates: lane = 4 g + c; ldmatrix row addresses.
+  const int g = lane / 4, c = lane % 4;
+  const int lrow = lane % 8, lsel = lane / 8;
+  // A (Q) 16x16 at (row 0, col kk): matrices rows 0-7 / 8-15 x cols 0-7 / 8-15.
+  const uint32_t q_addr = smem_addr(q_s + (warp * 16 + lrow + (lsel & 1) * 8) * LD + (lsel >> 1) * 8);
+  // B (K^T) for 16 keys x 16 dims: keys 0-7 / 8-15 (lsel >> 1) x dims 0-7 / 8-15 (lsel & 1).
+  const int k_off = (lrow + (lsel >> 1) * 8) * LD + (lsel & 1) * 8;
+  // B (V, transposed) for 16 keys x 16 dims: keys 0-7 / 8-15 (lsel & 1) x dims 0-7 / 8-15 (lsel >> 1).
+  const int v_off = (lrow + (lsel & 1) * 8) * LD + (lsel >> 1) * 8;
+
+  uint32_t qf[Sh::kQInRegs ? D / 16 : 1][4];
+  if constexpr (Sh::kQInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], q_addr + kk * 32);
+  }
+
+  // This thread's two rows (g, g + 8): positions, first visible key. Rows
+  // past the step's end see every loaded key (finite, never stored).
+  int32_t p_row[2], lo_row[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int t = t0 + warp * 16 + g + e * 8;
+    p_row[e] = t < a.T ? pos0 + t : kv_hi;
+    lo_row[e] = first_visible(a.rule, p_row[e]);
+  }
+  // The warp's rows span positions [w_lo, w_hi] and see keys from w_first.
+  const int tw0 = t0 + warp * 16;
+  const bool warp_live = tw0 < a.T;
+  const int32_t w_hi = pos0 + min(tw0 + 15, a.T - 1);
+  const int32_t w_first = first_visible(a.rule, pos0 + tw0);
+
+  float o[ND][4];
+#pragma unroll
+  for (int n = 0; n < ND; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  for (int it = 0; it < n_tiles; ++it) {
+    if (it + 1 < n_tiles) {
+      load_tile(it + 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int32_t j0 = kv_lo + it * BKV;
+    // Warp-uniform: skip tiles no row of this warp sees.
+    if (warp_live && j0 <= w_hi && j0 + BKV - 1 >= w_first) {
+      const uint32_t ks = smem_addr(k_s + (it & 1) * BKV * LD + k_off);
+      const uint32_t vs = smem_addr(v_s + (it & 1) * BKV * LD + v_off);
+      // S = Q K^T.
+      float s[NB][4];
+#pragma unroll
+      for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t af[4];
+        if constexpr (Sh::kQInRegs) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) af[e] = qf[kk][e];
+        } else {
+          ldmatrix_x4(af, q_addr + kk * 32);
+        }
+#pragma unroll
+        for (int n2 = 0; n2 < NB / 2; ++n2) {
+          uint32_t b[4];
+          ldmatrix_x4(b, ks + (n2 * 16 * LD + kk * 16) * 2);
+          Mma<S>::mma(s[2 * n2], af, b[0], b[1]);
+          Mma<S>::mma(s[2 * n2 + 1], af, b[2], b[3]);
+        }
+      }
+      // Scale, softcap, mask; the tile's row maxima.
+      float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int n = 0; n < NB; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e / 2;
+          const int32_t j = j0 + n * 8 + 2 * c + (e & 1);
+          float x = s[n][e] * a.scale;
+          if (a.softcap > 0.f) x = kvgraph::softcap(x, a.softcap);
+          x = j >= lo_row[r] && j <= p_row[r] ? x : -INFINITY;
+          s[n][e] = x;
+          mx[r] = fmaxf(mx[r], x);
+        }
+      float base[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m_run[r], mx[r]);
+        base[r] = m_new == -INFINITY ? 0.f : m_new * kLog2e;  // a row with nothing visible yet keeps zeros
+        const float corr = exp2f(m_run[r] * kLog2e - base[r]);  // 0 when m_run is -inf
+        m_run[r] = m_new;
+        l_run[r] *= corr;
+#pragma unroll
+        for (int n = 0; n < ND; ++n) {
+          o[n][2 * r] *= corr;
+          o[n][2 * r + 1] *= corr;
+        }
+      }
+      // O += P V, P rounded to S (A fragments straight from the S accumulators).
+#pragma unroll
+      for (int kc = 0; kc < BKV / 16; ++kc) {
+        uint32_t pf[4];
+        const float* s0 = s[2 * kc];
+        const float* s1 = s[2 * kc + 1];
+        pf[0] = Mma<S>::pack(exp2f(fmaf(s0[0], kLog2e, -base[0])), exp2f(fmaf(s0[1], kLog2e, -base[0])), l_run[0]);
+        pf[1] = Mma<S>::pack(exp2f(fmaf(s0[2], kLog2e, -base[1])), exp2f(fmaf(s0[3], kLog2e, -base[1])), l_run[1]);
+        pf[2] = Mma<S>::pack(exp2f(fmaf(s1[0], kLog2e, -base[0])), exp2f(fmaf(s1[1], kLog2e, -base[0])), l_run[0]);
+        pf[3] = Mma<S>::pack(exp2f(fmaf(s1[2], kLog2e, -base[1])), exp2f(fmaf(s1[3], kLog2e, -base[1])), l_run[1]);
+#pragma unroll
+        for (int n2 = 0; n2 < ND / 2; ++n2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, vs + (kc * 16 * LD + n2 * 16) * 2);
+          Mma<S>::mma(o[2 * n2], pf, b[0], b[1]);
+          Mma<S>::mma(o[2 * n2 + 1], pf, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's loads overwrite this stage
+  }
+
+  // Row sums across the quad (each thread summed its own columns), then O / l.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int t = t0 + warp * 16 + g + r * 8;
+    if (t >= a.T) continue;
+    const float inv = 1.f / l_run[r];
+    float* orow = a.out + (size_t(t) * a.Hq + hq) * D + 2 * c;
+#pragma unroll
+    for (int n = 0; n < ND; ++n)
+      *reinterpret_cast<float2*>(orow + n * 8) = make_float2(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
+  }
 }
 
 // Decode attention, built for latency: T == 1, or (kMulti) each of a step's
@@ -1245,6 +1577,37 @@ void launch_attend(AttnArgs<S> a, int splits, Launch stream) {
   launch(attend_kernel<S, kMaxG>, dim3(static_cast<unsigned>(nx), splits), dim3(kThreads), smem, stream, a);
 }
 
+template <typename S>
+constexpr bool is_16bit = std::is_same_v<S, detail::bf16> || std::is_same_v<S, detail::f16>;
+
+// flash_attend_kernel's head dims.
+bool flash_head_dim(int D) { return D == 64 || D == 128 || D == 256; }
+
+// Grid: (query head, tile of kFlashBQ queries). Above 48 KB of shared memory
+// (head dim 128 and 256) the kernel opts in once.
+template <typename S, int D>
+void launch_flash_d(const AttnArgs<S>& a, Launch stream) {
+  constexpr size_t smem = FlashShape<D>::kSmem;
+  static const bool opted_in = [] {
+    if (smem > 48 * 1024)
+      KVGRAPH_CUDA_CHECK(
+          cudaFuncSetAttribute(flash_attend_kernel<S, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    return true;
+  }();
+  (void)opted_in;
+  launch(flash_attend_kernel<S, D>, dim3(static_cast<unsigned>(a.Hq), ceil_div(a.T, kFlashBQ)),
+         dim3(kFlashThreads), smem, stream, a);
+}
+
+template <typename S>
+void launch_flash(const AttnArgs<S>& a, Launch stream) {
+  switch (a.D) {
+    case 64: launch_flash_d<S, 64>(a, stream); break;
+    case 128: launch_flash_d<S, 128>(a, stream); break;
+    default: launch_flash_d<S, 256>(a, stream); break;
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- workspace
@@ -1407,6 +1770,15 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
       launch_write(a, stream);
       a.fused_write = false;
       a.min_chunk = 1;
+    }
+    // Prefill chunks over 16-bit pools at head dim 64/128/256 on the tensor
+    // cores when the tuning asks (the rows are written above).
+    if constexpr (is_16bit<S>) {
+      if (p.T > kMaxDecodeQueries && ws.tuning().prefill_attn == Tuning::PrefillAttn::flash &&
+          flash_head_dim(p.head_dim)) {
+        launch_flash(a, stream);
+        return;
+      }
     }
     if (decode) {
       switch (bucket) {

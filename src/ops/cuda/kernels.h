@@ -271,7 +271,10 @@ class AttentionWorkspace {
 //           merges the partials (log-sum-exp). Capturable.
 //   T <= kMaxDecodeQueries: a write kernel, then that grid once per query
 //           (each query's output bitwise a one-token step's). Capturable.
-//   T > kMaxDecodeQueries: a write kernel, then one block per (query, kv head, group).
+//   T > kMaxDecodeQueries: a write kernel, then one block per (query, kv head, group);
+//           under Tuning::prefill_attn == flash over bf16/f16 pools at head dim
+//           64/128/256, tensor-core tiles instead (one block per 64 queries
+//           and query head; q and P rounded to the storage type).
 //   Tuning::legacy_decode_attention: every T through the last path.
 // Preconditions (checked by the caller / the planner, not here): a flat pool
 // has room for pos+T-1; a ring step has T <= max_write.
