@@ -4,7 +4,7 @@
 # build/cuda/kvgraph_gpu_tests, build/cuda/kvgraph_kernel_bench): GPU tests,
 # memcheck/racecheck, kernel reports, decode bench, and a
 # per-kernel profile of one eager decode step. Logs go to $OUT (or /tmp).
-#   bench/gpu_check.sh [tests] [memcheck] [racecheck] [kernels] [bench] [peer] [profile:MODEL] [tune:K=V,K=V] ...
+#   bench/gpu_check.sh [tests] [memcheck] [racecheck] [kernels] [bench] [prefill] [peer] [profile:MODEL] [tune:K=V,K=V] ...
 set -uo pipefail
 OUT=${OUT:-/tmp}
 mkdir -p /work; [ -e /work/main ] || ln -s "$PWD" /work/main  # tests use the compiled-in source dir
@@ -29,6 +29,26 @@ for step in "$@"; do
       echo "peer rc $?"; grep -v '^{' "$OUT/peer.txt" | tail -12 ;;
     bench)
       build/cuda/kvgraph bench --device cuda --models "$MODELS" 2>&1 | tail -7 ;;
+    prefill)  # tensor-core prefill attention (--tune prefill-attn=flash) against the legacy kernel: its tests, then
+      # prefill of 512 tokens (steps of 64 and 512) and of 8192 (steps of 512), JSON lines in $OUT/prefill.jsonl
+      build/cuda/kvgraph_gpu_tests --gtest_brief=1 --gtest_filter='Tunings/*:All/CudaAttentionFlat.*:All/CudaAttentionRing.*:CudaAttention.*:CudaSession.FlashPrefillAttentionMatchesLegacyOnSyntheticModels' \
+        > "$OUT/prefill_tests.txt" 2>&1
+      echo "prefill tests rc $?"; grep -E "^\[ *(FAILED|PASSED) |Failure|\[flash\]" "$OUT/prefill_tests.txt" | head -20
+      : > "$OUT/prefill.jsonl"
+      for run in "512 64" "512 512" "8192 512"; do
+        set -- $run
+        for t in legacy flash; do
+          build/cuda/kvgraph bench --device cuda --quiet --json --models synthetic:llama3.1-8b,synthetic:llama3.2-1b \
+            --prompt "$1" --chunk "$2" --new-tokens 16 --tune prefill-attn=$t >> "$OUT/prefill.jsonl" || echo "bench $run $t failed"
+        done
+      done
+      python3 -c "
+import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith('{'):
+        r = json.loads(l)
+        print(f\"{r['model']:<24} prompt {r['prompt']:>5} chunk {r['chunk']:>4} {r['tuning'].split('prefill-attn=')[1]:<7} \"
+              f\"{r['prefill_tok_s']:>9.0f} tok/s  ttft {r['ttft_ms']:8.1f} ms\")" "$OUT/prefill.jsonl" ;;
     tune:*)  # the decode shapes under kernel tuning, e.g. tune:attn-chunk=64,attn-heads=2 or tune:gemv=warp4
       spec=${step#tune:}
       build/cuda/kvgraph bench --device cuda --quiet --tune "$spec" \
