@@ -63,12 +63,15 @@ struct ModelInfo {
   size_t checkpoint_bytes = 0;      // checkpoint bytes those weights are read from (0: synthetic)
   QuantFormat quantization;         // as Model::quantization()
   bool quantized_checkpoint = false;  // stored quantized (else quantized on load, or not at all)
+  Fp8Format fp8;                      // as Model::fp8_checkpoint()
   // Every Model tensor as it will sit on the device, in schema order.
   struct Tensor {
     std::string name;            // its checkpoint tensor ("a + b" when parts are fused)
     std::vector<int64_t> shape;  // of the Model tensor
     std::string format;          // "f32", "bf16", "int4/g64"
     size_t bytes = 0;            // on the device (quantized: codes, scales and biases)
+    std::string stored;          // as in the checkpoint: "bf16", "int4/g64", "fp8 e4m3 block 128x128"
+    size_t stored_bytes = 0;     // in the checkpoint (with scales and biases)
   };
   std::vector<Tensor> tensors;
 };
@@ -139,6 +142,9 @@ class Model {
   DType matrix_dtype() const { return matrix_dtype_; }  // of plain matrices, and of quantized ones' scales
   // The format of the quantized matrices (bits 0: none is quantized).
   QuantFormat quantization() const { return quantization_; }
+  // The checkpoint's FP8 format when its matrices were stored in fp8 and
+  // dequantized at load to matrix_dtype() (none otherwise).
+  Fp8Format fp8_checkpoint() const { return fp8_; }
   size_t weight_bytes() const { return weight_bytes_; }
   // Weight bytes one decode token reads: all of them, except that an untied
   // embedding table contributes a single row.
@@ -163,6 +169,7 @@ class Model {
   Device device_ = Device::CPU;
   DType matrix_dtype_ = DType::F32;
   QuantFormat quantization_;
+  Fp8Format fp8_;
   std::filesystem::path dir_;
   size_t weight_bytes_ = 0;
   Weight embed_, lm_head_;

@@ -42,6 +42,26 @@ inline constexpr int kMaxHiddenSize = 1 << 17;   // 131072
 inline constexpr int kMaxIntermediateSize = 1 << 20;
 inline constexpr int kMaxVocabSize = 1 << 24;    // 16.8M
 
+// FP8 (e4m3) matrices in the checkpoint, "X.weight" F8_E4M3 [N, K] with a
+// float scale, dequantized at load (w = fp8 * scale):
+//   block:   transformers "quant_method": "fp8" ("weight_block_size": [bn, bk]);
+//            scale "X.weight_scale_inv" [ceil(N / bn), ceil(K / bk)]
+//   channel: compressed-tensors "float-quantized", strategy "channel";
+//            scale "X.weight_scale" [N, 1]
+//   tensor:  compressed-tensors, strategy "tensor"; scale "X.weight_scale" [1] (or [])
+struct Fp8Format {
+  enum class Scale : uint8_t { none, block, channel, tensor };
+  Scale scale = Scale::none;
+  int block_n = 0, block_k = 0;  // block only
+
+  bool quantized() const { return scale != Scale::none; }
+  const char* scale_suffix() const { return scale == Scale::block ? "weight_scale_inv" : "weight_scale"; }
+  bool operator==(const Fp8Format&) const = default;
+};
+
+// "fp8 e4m3 block 128x128", "fp8 e4m3 per-channel", "fp8 e4m3 per-tensor" ("" for none).
+std::string fp8_format_name(const Fp8Format& f);
+
 struct ModelConfig {
   Family family = Family::Llama;
   std::string model_type;  // as in config.json, e.g. "gemma3_text"
@@ -90,6 +110,9 @@ struct ModelConfig {
   // {"group_size": G, "bits": B[, "mode": "affine"]} (or the same under
   // "quantization_config", which mlx-lm also writes). bits 0: not quantized.
   QuantFormat quantization;
+  // FP8 matrices: "quantization_config" with "quant_method" "fp8" or
+  // "compressed-tensors" (float, 8 bits). Dequantized at load.
+  Fp8Format fp8;
 
   float attention_scale() const;  // softmax scale applied to q.k
 };

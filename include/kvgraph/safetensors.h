@@ -69,6 +69,11 @@ class SafetensorsFile {
   // BOOL) has no kvgraph DType.
   WeightView get(std::string_view name) const;
   std::vector<std::string> names() const;  // sorted
+  // The dtype as the file writes it ("BF16", "F8_E4M3", ...), usable here or not.
+  std::string_view stored_dtype(std::string_view name) const;
+  // An F8_E4M3 tensor's codes, one byte each (dtype U8). Throws [weights]
+  // naming the tensor when it is stored in another dtype (F8_E5M2 included).
+  WeightView get_e4m3(std::string_view name) const;
   // String values of "__metadata__" (other values are ignored).
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
@@ -103,10 +108,14 @@ class WeightStore {
   // Also checks the shape: `[weights] tensor "x": expected shape [64, 64], found [64, 32]`.
   WeightView get(std::string_view name, const std::vector<int64_t>& expected_shape) const;
   std::vector<std::string> names() const;  // sorted
+  std::string_view stored_dtype(std::string_view name) const;  // see SafetensorsFile
+  WeightView get_e4m3(std::string_view name) const;             // see SafetensorsFile
+  WeightView get_e4m3(std::string_view name, const std::vector<int64_t>& expected_shape) const;
   // The file that holds `name` (throws [weights] when absent).
   const std::filesystem::path& file_of(std::string_view name) const;
 
  private:
+  size_t where_index(std::string_view name) const;  // throws [weights] when absent
   std::filesystem::path dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, size_t, std::less<>> where_;  // tensor name -> index into files_

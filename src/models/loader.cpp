@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvgraph/error.h"
+#include "kvgraph/fp8.h"
 #include "kvgraph/model.h"
 #include "kvgraph/quant.h"
 #include "kvgraph/safetensors.h"
@@ -59,7 +60,27 @@ std::vector<T> fuse_rows(std::vector<std::vector<T>>&& parts, int64_t row, Fuse 
 struct TensorLoad {
   QuantFormat format;             // of the Model tensor (bits 0: plain)
   bool stored_quantized = false;  // the checkpoint holds words, scales and biases
+  Fp8Format fp8;                  // stored fp8 with scales (dequantized at load), when quantized()
 };
+
+// An fp8 matrix's scale tensor: "X.weight_scale_inv" (block) or "X.weight_scale".
+std::string fp8_scale_name(const std::string& weight_name, const Fp8Format& f) {
+  return companion(weight_name, f.scale_suffix());
+}
+
+// The shape the scale of an fp8 matrix [rows, K] must have. A per-tensor
+// scale may also be a scalar (checked by the caller).
+std::vector<int64_t> fp8_scale_shape(const Fp8Format& f, int64_t rows, int64_t K) {
+  switch (f.scale) {
+    case Fp8Format::Scale::block: return {(rows + f.block_n - 1) / f.block_n, (K + f.block_k - 1) / f.block_k};
+    case Fp8Format::Scale::channel: return {rows, 1};
+    default: return {1};
+  }
+}
+
+bool stored_fp8(const WeightStore& store, const std::string& name) {
+  return store.has(name) && store.stored_dtype(name).substr(0, 3) == "F8_";
+}
 
 struct Loader {
   const WeightStore& store;
@@ -79,6 +100,30 @@ struct Loader {
     WeightView w = store.get(name, shape);  // name, shape and dtype checked by check_tensors
     std::vector<float> v = to_f32(w);
     count(w.nbytes);
+    return v;
+  }
+  // An fp8 matrix part [rows, K] dequantized exactly: e4m3 -> f32, times its
+  // scale in f32. A NaN code is an error naming the element.
+  std::vector<float> fp8_host(const std::string& name, const std::vector<int64_t>& shape, const Fp8Format& f) {
+    const WeightView w = store.get_e4m3(name, shape);  // checked by check_tensors
+    const WeightView sv = store.get(fp8_scale_name(name, f));
+    const std::vector<float> scale = to_f32(sv);
+    const int64_t rows = shape[0], K = shape[1];
+    const int64_t scale_cols = f.scale == Fp8Format::Scale::block ? (K + f.block_k - 1) / f.block_k : 1;
+    const auto* codes = reinterpret_cast<const uint8_t*>(w.data);
+    std::vector<float> v(static_cast<size_t>(rows * K));
+    for (int64_t n = 0; n < rows; ++n) {
+      for (int64_t k = 0; k < K; ++k) {
+        const uint8_t c = codes[n * K + k];
+        if (e4m3_is_nan(c))
+          fail("weights", "tensor \"{}\": element [{}, {}] is an fp8 NaN code (0x{:02X})", name, n, k, c);
+        size_t si = 0;
+        if (f.scale == Fp8Format::Scale::block) si = static_cast<size_t>((n / f.block_n) * scale_cols + k / f.block_k);
+        else if (f.scale == Fp8Format::Scale::channel) si = static_cast<size_t>(n);
+        v[static_cast<size_t>(n * K + k)] = e4m3_to_f32(c) * scale[si];
+      }
+    }
+    count(w.nbytes + sv.nbytes);
     return v;
   }
   std::vector<uint32_t> words(const std::string& name, const std::vector<int64_t>& shape) {
@@ -116,7 +161,8 @@ struct Loader {
                        fuse_rows(std::move(bi), K / f.group, plan.fuse), N, K, f);
     }
     std::vector<std::vector<float>> parts;
-    for (const TensorPlan::Part& p : plan.parts) parts.push_back(host(p.name, p.shape));
+    for (const TensorPlan::Part& p : plan.parts)
+      parts.push_back(how.fp8.quantized() ? fp8_host(p.name, p.shape, how.fp8) : host(p.name, p.shape));
     std::vector<float> all = fuse_rows(std::move(parts), shape.size() > 1 ? K : 1, plan.fuse);
     if (how.format.quantized()) {
       const QuantFormat f = how.format;
@@ -156,9 +202,14 @@ void check_unused(const WeightStore& store, const ModelConfig& c, const Checkpoi
         used.insert(companion(p.name, "scales"));
         used.insert(companion(p.name, "biases"));
       }
+      if (loads[i].fp8.quantized()) {
+        used.insert(fp8_scale_name(p.name, loads[i].fp8));
+        used.insert(companion(p.name, "input_scale"));  // static activation scale: unused (activations stay f32)
+      }
     }
   const std::string head = names.top + "lm_head.weight";
-  const std::set<std::string> heads = {head, companion(head, "scales"), companion(head, "biases")};
+  const std::set<std::string> heads = {head, companion(head, "scales"), companion(head, "biases"),
+                                       companion(head, "weight_scale_inv"), companion(head, "weight_scale")};
   std::vector<std::string> unused;
   for (const std::string& n : store.names()) {
     if (used.count(n) || n.find("rotary_emb.inv_freq") != std::string::npos) continue;
@@ -199,6 +250,19 @@ std::vector<TensorLoad> plan_formats(const WeightStore& store, const ModelConfig
       if (store.has(p.name) && store.get(p.name).dtype == DType::U32 && !store.has(companion(p.name, "scales")))
         fail("weights", "tensor \"{}\" is packed (u32) but \"{}\" is missing", p.name, companion(p.name, "scales"));
     const std::string& first = plan.parts.front().name;
+    const bool f0 = stored_fp8(store, first);
+    for (const TensorPlan::Part& p : plan.parts)
+      if (stored_fp8(store, p.name) != f0)
+        fail("weights", "tensors \"{}\" and \"{}\" are fused into one matrix, but only one of them is fp8", first,
+             p.name);
+    if (f0) {
+      if (!c.fp8.quantized())
+        fail("weights", "tensor \"{}\" is stored in {} but {} has no FP8 \"quantization_config\" saying how it is "
+             "scaled (quant_method \"fp8\" or \"compressed-tensors\")", first, store.stored_dtype(first), c.source);
+      loads[i].fp8 = c.fp8;
+      if (quantize.quantized() && plan.shape()[1] % quantize.group == 0) loads[i].format = quantize;
+      continue;
+    }
     const bool q0 = store.has(companion(first, "scales"));
     for (const TensorPlan::Part& p : plan.parts)
       if (store.has(companion(p.name, "scales")) != q0)
@@ -211,9 +275,9 @@ std::vector<TensorLoad> plan_formats(const WeightStore& store, const ModelConfig
       if (quantize.quantized() && quantize != c.quantization)
         fail("weights", "the checkpoint is already quantized (int{}, group {}); it cannot be loaded as int{}, group {}",
              c.quantization.bits, c.quantization.group, quantize.bits, quantize.group);
-      loads[i] = {c.quantization, true};
+      loads[i] = {c.quantization, true, {}};
     } else if (quantize.quantized() && plan.shape().size() == 2 && plan.shape()[1] % quantize.group == 0) {
-      loads[i] = {quantize, false};
+      loads[i] = {quantize, false, {}};
     }
   }
   return loads;
@@ -232,6 +296,8 @@ void check_tensors(const WeightStore& store, const std::vector<TensorPlan>& plan
       if (!store.has(p.name)) missing.push_back(p.name);
       if (loads[i].stored_quantized && !store.has(companion(p.name, "biases")))
         missing.push_back(companion(p.name, "biases"));
+      if (loads[i].fp8.quantized() && !store.has(fp8_scale_name(p.name, loads[i].fp8)))
+        missing.push_back(fp8_scale_name(p.name, loads[i].fp8));
     }
   if (!missing.empty()) {
     std::string more;
@@ -246,6 +312,18 @@ void check_tensors(const WeightStore& store, const std::vector<TensorPlan>& plan
   };
   for (size_t i = 0; i < plans.size(); ++i) {
     for (const TensorPlan::Part& p : plans[i].parts) {
+      if (loads[i].fp8.quantized()) {
+        const Fp8Format& f = loads[i].fp8;
+        store.get_e4m3(p.name, p.shape);  // throws on another dtype (F8_E5M2 ...) or shape
+        const std::string sn = fp8_scale_name(p.name, f);
+        const WeightView sv = store.get(sn);
+        need_float(sv);
+        const std::vector<int64_t> want = fp8_scale_shape(f, p.shape[0], p.shape[1]);
+        if (sv.shape != want && !(f.scale == Fp8Format::Scale::tensor && sv.shape.empty()))
+          fail("weights", "tensor \"{}\": the {} scale of \"{}\" {} must have shape {}, found {}", sn,
+               fp8_format_name(f), p.name, shape_string(p.shape), shape_string(want), shape_string(sv.shape));
+        continue;
+      }
       if (!loads[i].stored_quantized) {
         need_float(store.get(p.name, p.shape));  // throws on a shape or an unusable dtype
         continue;
@@ -287,6 +365,7 @@ struct LoadPlan {
   DType matrix_dtype = DType::F32;
   QuantFormat quantization;       // of the quantized matrices (bits 0: none)
   bool stored_quantized = false;  // some matrix is quantized in the checkpoint
+  Fp8Format fp8;                  // some matrix is stored in fp8 (dequantized at load)
 
   std::vector<QuantFormat> formats() const {
     std::vector<QuantFormat> f;
@@ -294,6 +373,23 @@ struct LoadPlan {
     return f;
   }
 };
+
+// The checkpoint bytes one part is read from (with its scales and biases).
+size_t stored_part_bytes(const WeightStore& store, const TensorPlan::Part& p, const TensorLoad& load) {
+  if (load.fp8.quantized()) return store.get_e4m3(p.name).nbytes + store.get(fp8_scale_name(p.name, load.fp8)).nbytes;
+  size_t n = store.get(p.name).nbytes;
+  if (load.stored_quantized)
+    n += store.get(companion(p.name, "scales")).nbytes + store.get(companion(p.name, "biases")).nbytes;
+  return n;
+}
+
+// How a plan's tensor is stored: "bf16", "int4/g64", "fp8 e4m3 block 128x128".
+std::string stored_format(const WeightStore& store, const TensorPlan& plan, const TensorLoad& load) {
+  if (load.fp8.quantized()) return fp8_format_name(load.fp8);
+  const WeightView w = store.get(plan.parts.front().name);
+  if (load.stored_quantized) return fmt::format("int{}/g{}", load.format.bits, load.format.group);
+  return std::string(dtype_name(w.dtype));
+}
 
 LoadPlan plan_load(const WeightStore& store, const ModelConfig& c, Device device, Model::CpuWeights cpu_weights,
                    QuantFormat quantize) {
@@ -304,12 +400,9 @@ LoadPlan plan_load(const WeightStore& store, const ModelConfig& c, Device device
   check_unused(store, c, lp.names, lp.plans, lp.loads);
   check_tensors(store, lp.plans, lp.loads);
   for (size_t i = 0; i < lp.plans.size(); ++i) {
-    for (const TensorPlan::Part& p : lp.plans[i].parts) {
-      lp.stored_bytes += store.get(p.name).nbytes;
-      if (lp.loads[i].stored_quantized)
-        lp.stored_bytes += store.get(companion(p.name, "scales")).nbytes + store.get(companion(p.name, "biases")).nbytes;
-    }
+    for (const TensorPlan::Part& p : lp.plans[i].parts) lp.stored_bytes += stored_part_bytes(store, p, lp.loads[i]);
     if (lp.loads[i].format.quantized()) lp.quantization = lp.loads[i].format;
+    if (lp.loads[i].fp8.quantized()) lp.fp8 = lp.loads[i].fp8;
     lp.stored_quantized = lp.stored_quantized || lp.loads[i].stored_quantized;
   }
 
@@ -347,7 +440,12 @@ ModelInfo Model::describe(const std::filesystem::path& dir, Device device, CpuWe
   info.tensors = planned_tensors(lp.plans, lp.matrix_dtype, lp.formats());
   info.quantization = lp.quantization;
   info.quantized_checkpoint = lp.stored_quantized;
+  info.fp8 = lp.fp8;
   info.checkpoint_bytes = lp.stored_bytes;
+  for (size_t i = 0; i < lp.plans.size() && i < info.tensors.size(); ++i) {
+    info.tensors[i].stored = stored_format(store, lp.plans[i], lp.loads[i]);
+    for (const TensorPlan::Part& p : lp.plans[i].parts) info.tensors[i].stored_bytes += stored_part_bytes(store, p, lp.loads[i]);
+  }
   return info;
 }
 
@@ -363,6 +461,7 @@ std::shared_ptr<Model> Model::load(const std::filesystem::path& dir, Device devi
   const LoadPlan lp = plan_load(store, c, device, cpu_weights, quantize);
   m->matrix_dtype_ = lp.matrix_dtype;
   m->quantization_ = lp.quantization;
+  m->fp8_ = lp.fp8;
   Loader ld{store, device, m->matrix_dtype_, lp.stored_bytes, 0, progress, &m->weight_bytes_};
 
   size_t next = 0;  // build_weights hands the plans over in plan_weights' order
@@ -383,6 +482,9 @@ QuantizeSummary quantize_checkpoint(const std::filesystem::path& dir, const std:
     fail("quantize", "cannot quantize to {} bits in groups of {} (supported: 4 or 8 bits, groups of 32, 64 or 128)",
          format.bits, format.group);
   const ModelConfig c = load_model_config(dir);
+  if (c.fp8.quantized())
+    fail("quantize", "{} is an FP8 checkpoint ({}); quantize the float checkpoint it was made from", dir.string(),
+         fp8_format_name(c.fp8));
   if (c.quantization.quantized())
     fail("quantize", "{} is already quantized (int{}, group {}); quantize the float checkpoint it was made from",
          dir.string(), c.quantization.bits, c.quantization.group);

@@ -410,7 +410,68 @@ float round_through(float x, DType dt) {
 
 // config.json "quantization" (mlx-lm), or "quantization_config" when it is
 // MLX's (no "quant_method": GPTQ, AWQ, bitsandbytes ... are other formats).
-QuantFormat parse_quantization(const json& root, const std::string& source) {
+// "quantization_config" of an FP8 checkpoint (see Fp8Format): transformers'
+// fine-grained FP8 ({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size":
+// [bn, bk]}) or compressed-tensors ({"quant_method": "compressed-tensors",
+// "format": "float-quantized", "config_groups": {"group_0": {"weights":
+// {"num_bits": 8, "type": "float", "strategy": "channel" | "tensor"}}}}).
+// Activation settings ("activation_scheme", "input_activations") are ignored:
+// kvgraph keeps activations in f32.
+Fp8Format parse_fp8(const json& q, const std::string& method, const std::string& source) {
+  const std::string key = "quantization_config";
+  Fp8Format f;
+  if (method == "fp8") {
+    if (auto fmt = q.find("fmt"); fmt != q.end() && !fmt->is_null() && !(fmt->is_string() && *fmt == "e4m3"))
+      fail("config", "{}: \"{}.fmt\" {} is not supported (supported: \"e4m3\")", source, key, show(*fmt));
+    auto bs = q.find("weight_block_size");
+    if (bs == q.end() || bs->is_null())
+      fail("config", "{}: \"{}\" (quant_method \"fp8\") has no \"weight_block_size\" (supported: block-wise "
+           "scales, e.g. [128, 128])", source, key);
+    std::optional<int64_t> n, k;
+    if (bs->is_array() && bs->size() == 2) {
+      n = Reader::as_integer((*bs)[0]);
+      k = Reader::as_integer((*bs)[1]);
+    }
+    if (!n || !k || *n <= 0 || *k <= 0 || *n > (1 << 20) || *k > (1 << 20))
+      fail("config", "{}: \"{}.weight_block_size\" must be two positive integers, found {}", source, key, show(*bs));
+    f.scale = Fp8Format::Scale::block;
+    f.block_n = static_cast<int>(*n);
+    f.block_k = static_cast<int>(*k);
+    return f;
+  }
+  // compressed-tensors
+  auto fmt = q.find("format");
+  if (fmt == q.end() || !fmt->is_string() || (*fmt != "float-quantized" && *fmt != "naive-quantized"))
+    fail("config", "{}: \"{}.format\" {} is not supported (supported: \"float-quantized\", \"naive-quantized\" "
+         "with 8-bit float weights)", source, key, fmt == q.end() ? std::string("(missing)") : show(*fmt));
+  auto groups = q.find("config_groups");
+  if (groups == q.end() || !groups->is_object() || groups->empty())
+    fail("config", "{}: \"{}.config_groups\" must be a non-empty object", source, key);
+  for (auto g = groups->begin(); g != groups->end(); ++g) {
+    const std::string where = fmt::format("{}.config_groups.{}.weights", key, g.key());
+    const json* w = g->is_object() && g->contains("weights") ? &(*g)["weights"] : nullptr;
+    if (w == nullptr || !w->is_object()) fail("config", "{}: \"{}\" is missing", source, where);
+    auto get = [&](const char* name) { return w->contains(name) ? (*w)[name] : json(nullptr); };
+    const json bits = get("num_bits"), type = get("type"), strategy = get("strategy"), sym = get("symmetric");
+    if (Reader::as_integer(bits) != std::optional<int64_t>(8) || type != "float")
+      fail("config", "{}: \"{}\": {}-bit {} weights are not supported (supported: 8-bit \"float\", FP8 e4m3)",
+           source, where, show(bits), show(type));
+    if (!sym.is_null() && sym != true)
+      fail("config", "{}: \"{}.symmetric\" {} is not supported (FP8 weights are symmetric)", source, where, show(sym));
+    Fp8Format::Scale s;
+    if (strategy == "channel") s = Fp8Format::Scale::channel;
+    else if (strategy == "tensor") s = Fp8Format::Scale::tensor;
+    else
+      fail("config", "{}: \"{}.strategy\" {} is not supported (supported: \"channel\", \"tensor\")", source,
+           where, show(strategy));
+    if (f.quantized() && f.scale != s)
+      fail("config", "{}: \"{}.config_groups\": groups with different strategies are not supported", source, key);
+    f.scale = s;
+  }
+  return f;
+}
+
+QuantFormat parse_quantization(const json& root, const std::string& source, Fp8Format* fp8) {
   const char* key = "quantization";
   auto it = root.find(key);
   if (it == root.end() || it->is_null()) {
@@ -420,9 +481,16 @@ QuantFormat parse_quantization(const json& root, const std::string& source) {
   }
   const json& q = *it;
   if (!q.is_object()) fail("config", "{}: \"{}\" must be an object, found {}", source, key, show(q));
-  if (auto m = q.find("quant_method"); m != q.end())
+  if (auto m = q.find("quant_method"); m != q.end()) {
+    if (m->is_string() && (m->get<std::string>() == "fp8" || m->get<std::string>() == "compressed-tensors") &&
+        std::string_view(key) == "quantization_config") {
+      *fp8 = parse_fp8(q, m->get<std::string>(), source);
+      return {};
+    }
     fail("config", "{}: \"{}\": quantization method {} is not supported (supported: MLX affine, "
-         "\"quantization\": {{\"group_size\": G, \"bits\": B}})", source, key, show(*m));
+         "\"quantization\": {{\"group_size\": G, \"bits\": B}}; FP8 e4m3, \"quant_method\": \"fp8\" or "
+         "\"compressed-tensors\")", source, key, show(*m));
+  }
   if (auto m = q.find("mode"); m != q.end() && !(m->is_string() && m->get<std::string>() == "affine"))
     fail("config", "{}: \"{}.mode\" {} is not supported (supported: \"affine\")", source, key, show(*m));
   QuantFormat f;
@@ -558,7 +626,7 @@ ModelConfig parse_root(const json& root, const std::string& source) {
                                     cfg.weight_dtype);
   }
 
-  cfg.quantization = parse_quantization(root, source);
+  cfg.quantization = parse_quantization(root, source, &cfg.fp8);
   cfg.eos_token_ids = parse_eos(r, d.eos);
   {
     const json* b = r.find("bos_token_id", /*use_fallback=*/true);
@@ -655,6 +723,16 @@ ModelConfig load_model_config(const std::filesystem::path& dir) {
     fail("config", "{}: malformed JSON: {}", file.string(), e.what());
   }
   return parse_root(root, file.string());
+}
+
+std::string fp8_format_name(const Fp8Format& f) {
+  switch (f.scale) {
+    case Fp8Format::Scale::block: return fmt::format("fp8 e4m3 block {}x{}", f.block_n, f.block_k);
+    case Fp8Format::Scale::channel: return "fp8 e4m3 per-channel";
+    case Fp8Format::Scale::tensor: return "fp8 e4m3 per-tensor";
+    case Fp8Format::Scale::none: break;
+  }
+  return "";
 }
 
 }  // namespace kvgraph

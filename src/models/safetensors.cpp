@@ -318,6 +318,28 @@ WeightView SafetensorsFile::get(std::string_view name) const {
   return v;
 }
 
+std::string_view SafetensorsFile::stored_dtype(std::string_view name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) fail("weights", "missing tensor \"{}\" in {}", name, path().string());
+  return it->second.dtype_name;
+}
+
+WeightView SafetensorsFile::get_e4m3(std::string_view name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) fail("weights", "missing tensor \"{}\" in {}", name, path().string());
+  const Entry& e = it->second;
+  if (e.dtype_name != "F8_E4M3")
+    fail("weights", "tensor \"{}\" in {}: dtype {} is not supported for an fp8 matrix (kvgraph reads F8_E4M3)", name,
+         path().string(), e.dtype_name);
+  WeightView v;
+  v.name = it->first;
+  v.dtype = DType::U8;  // the e4m3 codes
+  v.shape = e.shape;
+  v.data = data_section_ + e.begin;
+  v.nbytes = e.end - e.begin;
+  return v;
+}
+
 std::vector<std::string> SafetensorsFile::names() const {
   std::vector<std::string> out;
   out.reserve(entries_.size());
@@ -419,6 +441,27 @@ WeightView WeightStore::get(std::string_view name, const std::vector<int64_t>& e
          shape_string(v.shape));
   }
   return v;
+}
+
+std::string_view WeightStore::stored_dtype(std::string_view name) const {
+  return files_[where_index(name)]->stored_dtype(name);
+}
+
+WeightView WeightStore::get_e4m3(std::string_view name) const { return files_[where_index(name)]->get_e4m3(name); }
+
+WeightView WeightStore::get_e4m3(std::string_view name, const std::vector<int64_t>& expected_shape) const {
+  WeightView v = get_e4m3(name);
+  if (v.shape != expected_shape) {
+    fail("weights", "tensor \"{}\": expected shape {}, found {}", name, shape_string(expected_shape),
+         shape_string(v.shape));
+  }
+  return v;
+}
+
+size_t WeightStore::where_index(std::string_view name) const {
+  auto it = where_.find(name);
+  if (it == where_.end()) fail("weights", "missing tensor \"{}\" in {}", name, dir_.string());
+  return it->second;
 }
 
 const std::filesystem::path& WeightStore::file_of(std::string_view name) const {

@@ -10,6 +10,7 @@
 
 #include "cli/common.h"
 #include "kvgraph/error.h"
+#include "kvgraph/fp8.h"
 #include "kvgraph/safetensors.h"
 
 namespace kvgraph::cli {
@@ -52,13 +53,23 @@ void check_weights(const std::filesystem::path& dir, bool quiet) {
   const WeightStore store(dir);
   const std::vector<std::string> names = store.names();
   size_t total = 0;
-  for (const std::string& n : names) total += store.get(n).nbytes;
+  // fp8 matrices: their codes, where 0x7F / 0xFF is NaN (e4m3 has no infinities).
+  auto view = [&](const std::string& n) { return store.stored_dtype(n) == "F8_E4M3" ? store.get_e4m3(n) : store.get(n); };
+  for (const std::string& n : names) total += view(n).nbytes;
   const bool bar = !quiet && isatty(STDERR_FILENO) && total >= (64u << 20);
   size_t done = 0;
   int last = -1;
   for (const std::string& n : names) {
-    const WeightView w = store.get(n);
-    if (auto i = first_non_finite(w)) {
+    const WeightView w = view(n);
+    if (store.stored_dtype(n) == "F8_E4M3") {
+      const auto* c = reinterpret_cast<const uint8_t*>(w.data);
+      for (int64_t i = 0; i < w.numel(); ++i)
+        if (e4m3_is_nan(c[i])) {
+          if (bar) fmt::print(stderr, "\n");
+          fail("weights", "tensor \"{}\" in {} has NaN (fp8 code 0x{:02X}) at element {} (index {} of shape {})", n,
+               store.file_of(n).filename().string(), c[i], i, unravel(i, w.shape), shape_string(w.shape));
+        }
+    } else if (auto i = first_non_finite(w)) {
       if (bar) fmt::print(stderr, "\n");
       float v = 0;
       widen_to_f32(w.data + *i * dtype_size(w.dtype), w.dtype, 1, &v);
@@ -98,6 +109,9 @@ void run_inspect(const InspectFlags& f) {
                  ? fmt::format(", matrices {} affine{}", format_name(info.quantization, info.matrix_dtype),
                                info.quantized_checkpoint ? " as stored" : " quantized on load")
                  : "");
+  if (info.fp8.quantized())
+    fmt::print("checkpoint  {} matrices, {:.1f} MB on disk, dequantized at load to {}\n", fp8_format_name(info.fp8),
+               info.checkpoint_bytes / 1e6, dtype_name(info.matrix_dtype));
   fmt::print("rope        theta {} ({}){}\n", c.rope.theta, c.rope.type,
              c.rope_local.theta != c.rope.theta ? fmt::format(", local theta {}", c.rope_local.theta) : "");
   fmt::print("cache       capacity {} tokens, chunk {}, storage {}\n", capacity, f.m.chunk, kv_storage_name(kv));
@@ -116,13 +130,18 @@ void run_inspect(const InspectFlags& f) {
   fmt::print("total KV    {:.2f} MB at capacity {} ({:.2f}x the bytes of bf16 K/V)\n", total / 1e6, capacity,
              double(total) / double(total_bf16));
   if (f.tensors) {
-    fmt::print("{:<64} {:<16} {:<9} {:>14}\n", "tensor", "shape", "format", "bytes");
-    size_t sum = 0;
+    // "stored": the checkpoint's format and bytes; "format"/"bytes": on the device.
+    fmt::print("{:<64} {:<16} {:<9} {:>14} {:<24} {:>14}\n", "tensor", "shape", "format", "bytes", "stored",
+               "stored bytes");
+    size_t sum = 0, stored_sum = 0;
     for (const ModelInfo::Tensor& t : info.tensors) {
-      fmt::print("{:<64} {:<16} {:<9} {:>14}\n", t.name, shape_string(t.shape), t.format, t.bytes);
+      fmt::print("{:<64} {:<16} {:<9} {:>14} {:<24} {:>14}\n", t.name, shape_string(t.shape), t.format, t.bytes,
+                 t.stored, t.stored_bytes);
       sum += t.bytes;
+      stored_sum += t.stored_bytes;
     }
-    fmt::print("{:<64} {:<16} {:<9} {:>14}\n", fmt::format("{} tensors", info.tensors.size()), "", "", sum);
+    fmt::print("{:<64} {:<16} {:<9} {:>14} {:<24} {:>14}\n", fmt::format("{} tensors", info.tensors.size()), "", "",
+               sum, "", stored_sum);
   }
   if (f.check_weights) {
     std::fflush(stdout);  // the table first, whatever the check finds
