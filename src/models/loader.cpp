@@ -247,7 +247,7 @@ std::vector<TensorLoad> plan_formats(const WeightStore& store, const ModelConfig
       continue;
     }
     for (const TensorPlan::Part& p : plan.parts)
-      if (store.has(p.name) && store.get(p.name).dtype == DType::U32 && !store.has(companion(p.name, "scales")))
+      if (store.has(p.name) && !stored_fp8(store, p.name) && store.get(p.name).dtype == DType::U32 && !store.has(companion(p.name, "scales")))
         fail("weights", "tensor \"{}\" is packed (u32) but \"{}\" is missing", p.name, companion(p.name, "scales"));
     const std::string& first = plan.parts.front().name;
     const bool f0 = stored_fp8(store, first);
