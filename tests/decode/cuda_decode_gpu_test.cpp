@@ -12,6 +12,7 @@
 #include "kvgraph/model.h"
 #include "kvgraph/session.h"
 #include "support/fixtures.h"
+#include "support/logits.h"
 
 using namespace kvgraph;
 using namespace kvgraph::testing;
@@ -30,15 +31,6 @@ std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<
   std::vector<float> out;
   s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
   return out;
-}
-
-double normalized_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - b[i]));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return num / den;
 }
 
 }  // namespace

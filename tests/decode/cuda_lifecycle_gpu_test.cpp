@@ -53,6 +53,30 @@ ops::SamplingParams seeded() {
   return p;
 }
 
+// Two sessions of capacity 200 (steps of up to 4 tokens) on the family's
+// CUDA model, brought to the same state: the seeded sampler, the greedy
+// prompt and `decodes` decode steps.
+struct Pair {
+  std::shared_ptr<const Model> gpu;
+  Session a, b;
+  Pair(const std::string& family, int decodes)
+      : gpu(Model::load(fixtures_dir() / family, Device::CUDA)), a(gpu, options()), b(gpu, options()) {
+    const Reference ref = load_reference(family);
+    for (Session* s : {&a, &b}) {
+      s->sampling() = seeded();
+      s->prefill(ref.greedy_prompt);
+      s->sample();
+      decode(*s, decodes);
+    }
+  }
+  static SessionOptions options() {
+    SessionOptions so;
+    so.capacity = 200;
+    so.max_write = 4;
+    return so;
+  }
+};
+
 class CudaLifecycle : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -63,18 +87,9 @@ class CudaLifecycle : public ::testing::TestWithParam<std::string> {
 }  // namespace
 
 TEST_P(CudaLifecycle, RollbackForkAndRestoreContinueBitwise) {
-  const Reference ref = load_reference(GetParam());
-  auto gpu = Model::load(fixtures_dir() / GetParam(), Device::CUDA);
-  SessionOptions so;
-  so.capacity = 200;
-  so.max_write = 4;
-  Session a(gpu, so), b(gpu, so);
-  for (Session* s : {&a, &b}) {
-    s->sampling() = seeded();
-    s->prefill(ref.greedy_prompt);
-    s->sample();
-    decode(*s, 60);  // rings (window 12, pool 15) wrap several times
-  }
+  Pair p(GetParam(), 60);  // rings (window 12, pool 15) wrap several times
+  auto& [gpu, a, b] = p;
+  const SessionOptions so = Pair::options();
   const int32_t n0 = a.position();
   const int32_t p0 = *a.pending();
 
@@ -122,17 +137,8 @@ TEST_P(CudaLifecycle, PrefixReuseEqualsAFreshPrefill) {
 // capture is ended and dropped, and the session records again and continues
 // exactly as one that never failed.
 TEST_P(CudaLifecycle, FailedRecordingIsDroppedAndTheSessionContinues) {
-  const Reference ref = load_reference(GetParam());
-  auto gpu = Model::load(fixtures_dir() / GetParam(), Device::CUDA);
-  SessionOptions so;
-  so.capacity = 200;
-  so.max_write = 4;
-  Session a(gpu, so), b(gpu, so);
-  for (Session* s : {&a, &b}) {
-    s->sampling() = seeded();
-    s->prefill(ref.greedy_prompt);
-    s->sample();
-  }
+  Pair p(GetParam(), 0);
+  auto& [gpu, a, b] = p;
   int left = 2;
   a.set_fault_injection([&left](std::string_view p) {
     if (p == "decode:while_recording" && left-- > 0) throw std::runtime_error("injected");

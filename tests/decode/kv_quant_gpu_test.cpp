@@ -12,6 +12,7 @@
 #include "kvgraph/model.h"
 #include "kvgraph/session.h"
 #include "support/fixtures.h"
+#include "support/logits.h"
 
 using namespace kvgraph;
 using namespace kvgraph::testing;
@@ -19,16 +20,6 @@ using namespace kvgraph::testing;
 namespace {
 
 const KvFormat kI8{KvType::Int8, 32}, kI4{KvType::Int4, 32}, kFp8{KvType::Fp8};
-
-double normalized_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    num = std::max(num, std::abs(double(a[i]) - b[i]));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return num / den;
-}
 
 }  // namespace
 

@@ -17,6 +17,7 @@
 #include "support/fixtures.h"
 #include "support/fp8_checkpoint.h"
 #include "support/temp_dir.h"
+#include "support/logits.h"
 
 using namespace kvgraph;
 using namespace kvgraph::testing;
@@ -24,15 +25,6 @@ using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 namespace {
-
-double normalized_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - b[i]));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return num / den;
-}
 
 std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids) {
   SessionOptions so;

@@ -13,6 +13,7 @@
 #include "support/fixtures.h"
 #include "support/mlx_checkpoint.h"
 #include "support/temp_dir.h"
+#include "support/logits.h"
 
 using namespace kvgraph;
 using namespace kvgraph::testing;
@@ -32,15 +33,6 @@ std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<
   std::vector<float> out;
   s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
   return out;
-}
-
-double normalized_error(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    num = std::max(num, std::abs(double(a[i]) - b[i]));
-    den = std::max(den, std::abs(double(b[i])));
-  }
-  return num / den;
 }
 
 std::vector<float> decode_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& prompt, bool eager,
