@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Per-kernel profile of one eager decode step on the GPU machine (Nsight Compute).
+"""Per-kernel profile of one eager decode step (or, with --prefill, of the prompt's prefill step) on the GPU machine (Nsight Compute).
 
 Usage (repository root, GPU machine):
   python3 bench/profile_step.py synthetic:llama3.2-1b [--prompt 512] [--kvgraph build/cuda/kvgraph]
@@ -19,6 +19,9 @@ ap.add_argument("--prompt", type=int, default=512)
 ap.add_argument("--kvgraph", default="build/cuda/kvgraph")
 ap.add_argument("--ncu", default="ncu")
 ap.add_argument("--raw", help="also write ncu's CSV here")
+ap.add_argument("--prefill", action="store_true",
+                help="profile the first prefill chunk (the whole prompt in one step) instead of a decode step")
+ap.add_argument("--tune", default="", help="passed to kvgraph bench --tune")
 args = ap.parse_args()
 
 cmd = [args.ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none",
@@ -26,6 +29,8 @@ cmd = [args.ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-con
        "-k", "regex:^(?!fill_kernel).*",
        args.kvgraph, "bench", "--device", "cuda", "--models", args.model, "--prompt", str(args.prompt),
        "--chunk", str(args.prompt), "--new-tokens", "3", "--eager", "--quiet"]
+if args.tune:
+    cmd += ["--tune", args.tune]
 out = subprocess.run(cmd, capture_output=True, text=True)
 if out.returncode != 0:
     sys.stderr.write(out.stderr[-4000:])
@@ -49,10 +54,20 @@ def short(name):
 emb = [i for i, r in enumerate(rows) if "embedding" in r["Kernel Name"]]
 if len(emb) < 3:
     sys.exit(f"found {len(emb)} embedding kernels; need a complete decode step")
-step = rows[emb[-2]:emb[-1]]
+def cells(r):  # "(512, 1, 1)" -> 512
+    n = 1
+    for v in r["Grid Size"].strip("()").split(","):
+        n *= int(num(v))
+    return n
+if args.prefill:  # bench warms up with a short prefill first: the prompt's is the widest embedding launch
+    k = max(range(len(emb) - 1), key=lambda j: cells(rows[emb[j]]))
+    step = rows[emb[k]:emb[k + 1]]
+else:
+    step = rows[emb[-2]:emb[-1]]
 total = 0.0
 kinds = collections.OrderedDict()
-print(f"{args.model}: {len(step)} kernels in one eager decode step (prompt {args.prompt})")
+what = "the prefill step" if args.prefill else "one eager decode step"
+print(f"{args.model}: {len(step)} kernels in {what} (prompt {args.prompt})")
 print(f"{'kernel':50s} {'grid':>16s} {'us':>8s} {'MB read':>9s} {'GB/s':>7s}")
 for r in step:
     ns = num(r["gpu__time_duration.sum"])

@@ -11,6 +11,7 @@
 #   DEVICE=cpu     MODEL=          (empty: the embedded default model)
 #   CTX=           tokens per slot (default PROMPT + NEW_TOKENS + 1: the capacity kvgraph bench uses)
 #   OUT=           also write the JSON summary to this file
+#   LOG=           keep the server's output in this file (default: a temporary file, removed)
 #
 # Steps: start the server (--parallel PARALLEL), warm up, read its RSS, run
 # REQUESTS requests from CONCURRENCY clients (chat and text, streamed and not
@@ -36,10 +37,14 @@ done
 model=()
 [ -n "$MODEL" ] && model=(-m "$MODEL")
 
-log=$(mktemp)
+t0=$(date +%s)
+phase() { echo "[server_load] t+$(( $(date +%s) - t0 ))s $*" >&2; }
+log=${LOG:-$(mktemp)}
+keep_log=${LOG:+1}
 "$kvgraph" serve --port 0 --parallel "$PARALLEL" --ctx "$CTX" --device "$DEVICE" -q "${model[@]}" "${extra[@]}" >"$log" 2>&1 &
 pid=$!
-trap 'kill -TERM $pid 2>/dev/null || true; rm -f "$log"' EXIT
+trap 'kill -TERM $pid 2>/dev/null || true; [ -n "$keep_log" ] || rm -f "$log"' EXIT
+phase "server starting (pid $pid)"
 port=""
 for _ in $(seq 1 600); do
   port=$(sed -n 's/^listening on http:\/\/127\.0\.0\.1:\([0-9]*\)$/\1/p' "$log")
@@ -48,23 +53,40 @@ for _ in $(seq 1 600); do
   sleep 0.1
 done
 [ -n "$port" ] || { echo "kvgraph: error: [server_load] the server printed no address" >&2; exit 1; }
-"$load" --port "$port" --health || { cat "$log" >&2; exit 1; }
+# Wait for /health, but give up as soon as the server is gone (a model that
+# fails to load exits after printing its address).
+"$load" --port "$port" --health &
+health=$!
+while kill -0 $health 2>/dev/null; do
+  if ! kill -0 $pid 2>/dev/null; then
+    kill $health 2>/dev/null || true
+    cat "$log" >&2
+    echo "kvgraph: error: [server_load] the server exited before it was ready" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+wait $health || { cat "$log" >&2; exit 1; }
+phase "server ready on port $port; warm-up"
 rss_kb() { awk '/^VmRSS:/ {print $2}' /proc/$pid/status; }
 
 "$load" --port "$port" --requests 32 --concurrency "$CONCURRENCY" --max-tokens "$MAX_TOKENS" >/dev/null  # warm-up
 rss_start=$(rss_kb)
+phase "load: $REQUESTS requests from $CONCURRENCY clients"
 rss_log=$(mktemp)
 ( while kill -0 $pid 2>/dev/null; do rss_kb >>"$rss_log"; sleep 1; done ) &
 sampler=$!
 load_json=$("$load" --port "$port" --requests "$REQUESTS" --concurrency "$CONCURRENCY" --max-tokens "$MAX_TOKENS") || true
 rss_end=$(rss_kb)
+phase "single streams: $SINGLE x $NEW_TOKENS tokens after $PROMPT"
 kill $sampler 2>/dev/null || true
 rss_series=$(paste -sd, "$rss_log")
 rm -f "$rss_log"
 single_json=$("$load" --port "$port" --single --requests "$SINGLE" --prompt-tokens "$PROMPT" --max-tokens "$NEW_TOKENS") || true
 kill -TERM $pid
 wait $pid || true
-trap 'rm -f "$log"' EXIT
+trap '[ -n "$keep_log" ] || rm -f "$log"' EXIT
+phase "kvgraph bench x ${BENCH_RUNS:-3}"
 bench_json=$(for _ in $(seq 1 "${BENCH_RUNS:-3}"); do
   "$kvgraph" bench --device "$DEVICE" --prompt "$PROMPT" --new-tokens "$NEW_TOKENS" --json -q "${model[@]}" "${extra[@]}"
 done | paste -sd, | sed 's/^/[/; s/$/]/')

@@ -28,17 +28,22 @@ struct Tuning {
   // The several-token GEMV (2..8 tokens: verify steps, short prefill chunks):
   // rows per thread group and load batches in flight. Every variant sums
   // each token's row as the one-token GEMV does (bitwise); they differ in
-  // registers and occupancy. automatic: r4u2 (4 rows, 2 batches: fastest on
-  // the H200, figures in src/ops/cuda/linear.cu).
-  enum class Multi : uint8_t { automatic, r8u2, r4u2, r8u1, r4u4 };
+  // registers and occupancy. p4u2 / p2u4 / p8u1 (bf16/f16 weights, long
+  // rows; else r4u2): the block on 4 / 2 / 8 rows, 2 / 4 / 1 vectors a row a
+  // batch, the next batch's loads in flight while this one computes,
+  // accumulators for exactly T. automatic: p4u2 at T = 2, p8u1 above, r4u2
+  // for f32 weights and short rows (fastest on the H200, figures in
+  // src/ops/cuda/linear.cu).
+  enum class Multi : uint8_t { automatic, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4, p8u1 };
   Multi multi = Multi::automatic;
   // Attention of steps of more than kMaxDecodeQueries tokens (prefill chunks)
   // over bf16/f16 pools at head dim 64/128/256: legacy (attend_kernel, f32
   // FMAs, one block per query) or flash (tensor cores, FlashAttention-2
-  // style tiles of 64 queries; q and P rounded to the K/V type). Other
+  // style tiles of 64 queries; q and P rounded to the K/V type; the default
+  // since its H200 run: 8B prefill of 8K tokens 2.8K -> 22.8K tokens/s). Other
   // storage, head dims and short steps keep the legacy kernels either way.
   enum class PrefillAttn : uint8_t { legacy, flash };
-  PrefillAttn prefill_attn = PrefillAttn::legacy;
+  PrefillAttn prefill_attn = PrefillAttn::flash;
 
   // Spelled out: the CUDA sources, which include this, are C++17.
   bool operator==(const Tuning& o) const {
@@ -47,7 +52,7 @@ struct Tuning {
            quantized_int8_x == o.quantized_int8_x && multi == o.multi && prefill_attn == o.prefill_attn;
   }
 
-  // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto,prefill-attn=legacy":
+  // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto,prefill-attn=flash":
   // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv

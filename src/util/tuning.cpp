@@ -9,7 +9,7 @@ namespace kvgraph {
 namespace {
 
 constexpr std::string_view kGemvNames[] = {"auto", "block2", "warp2", "warp4"};
-constexpr std::string_view kMultiNames[] = {"auto", "r8u2", "r4u2", "r8u1", "r4u4"};
+constexpr std::string_view kMultiNames[] = {"auto", "r8u2", "r4u2", "r8u1", "r4u4", "p4u2", "p2u4", "p8u1"};
 
 int parse_count(std::string_view key, std::string_view v) {
   if (v == "auto") return 0;
@@ -64,9 +64,9 @@ Tuning Tuning::parse(std::string_view spec) {
       t.quantized_int8_x = v == "int8";
     } else if (key == "mt") {
       bool found = false;
-      for (int i = 0; i < 5; ++i)
+      for (size_t i = 0; i < std::size(kMultiNames); ++i)
         if (v == kMultiNames[i]) t.multi = static_cast<Multi>(i), found = true;
-      if (!found) fail("tuning", "mt={}: expected auto, r8u2, r4u2, r8u1 or r4u4", v);
+      if (!found) fail("tuning", "mt={}: expected auto, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4 or p8u1", v);
     } else if (key == "prefill-attn") {
       if (v != "legacy" && v != "flash") fail("tuning", "prefill-attn={}: expected legacy or flash", v);
       t.prefill_attn = v == "flash" ? PrefillAttn::flash : PrefillAttn::legacy;

@@ -86,7 +86,8 @@ TEST_F(CudaMultiToken, LinearRowsAreOneTokenRows) {
   // (mt=...: the several-token GEMV's other row / batch variants.)
   for (const Shape sh : {Shape{520, 4096, ""}, Shape{1000, 1024, ""}, Shape{256, 512, "gemv=warp4"},
                          Shape{96, 100, ""}, Shape{520, 4096, "mt=r8u2"}, Shape{1000, 1024, "mt=r8u2"},
-                         Shape{520, 4096, "mt=r8u1"}, Shape{1000, 1024, "mt=r4u4"}, Shape{520, 4096, "mt=r4u4"}}) {
+                         Shape{520, 4096, "mt=r8u1"}, Shape{1000, 1024, "mt=r4u4"}, Shape{520, 4096, "mt=r4u4"},
+                         Shape{520, 4096, "mt=p4u2"}, Shape{518, 3000, "mt=p2u4"}, Shape{516, 4000, "mt=p8u1"}}) {
     Stream s(Device::CUDA, Tuning::parse(sh.tune));
     const int N = sh.N, K = sh.K, T = 8;
     const auto wv = random_vector(size_t(N) * K, 3, 0.05f);

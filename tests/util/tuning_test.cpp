@@ -12,14 +12,14 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto,prefill-attn=legacy");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto,prefill-attn=flash");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
   const Tuning t =
-      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=int8,mt=r4u2,prefill-attn=flash");
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=int8,mt=r4u2,prefill-attn=legacy");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_TRUE(t.legacy_decode_attention);
   EXPECT_EQ(t.attn_heads, 2);
@@ -27,12 +27,13 @@ TEST(Tuning, EveryKeyParses) {
   EXPECT_FALSE(t.programmatic_launch);
   EXPECT_TRUE(t.quantized_int8_x);
   EXPECT_EQ(t.multi, Tuning::Multi::r4u2);
-  EXPECT_EQ(t.prefill_attn, Tuning::PrefillAttn::flash);
+  EXPECT_EQ(t.prefill_attn, Tuning::PrefillAttn::legacy);
   EXPECT_EQ(Tuning::parse(t.describe()), t);
-  EXPECT_EQ(Tuning{}.prefill_attn, Tuning::PrefillAttn::legacy);  // flash waits for its H200 run
-  EXPECT_NE(Tuning::parse("prefill-attn=flash"), Tuning{});
-  EXPECT_EQ(Tuning::parse("prefill-attn=legacy"), Tuning{});
+  EXPECT_EQ(Tuning{}.prefill_attn, Tuning::PrefillAttn::flash);
+  EXPECT_NE(Tuning::parse("prefill-attn=legacy"), Tuning{});
+  EXPECT_EQ(Tuning::parse("prefill-attn=flash"), Tuning{});
   EXPECT_EQ(Tuning::parse("gemv=block2").gemv, Tuning::Gemv::block2);
+  EXPECT_EQ(Tuning::parse("mt=p8u1").multi, Tuning::Multi::p8u1);
   EXPECT_NE(Tuning::parse("gemv=block2"), Tuning{});
 }
 

@@ -306,15 +306,152 @@ __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
   }
 }
 
+// Several tokens (exactly kT), long rows: the whole block on kRows rows, as
+// the one-token block2 shape sums them (thread i takes vectors i, i + kBlock,
+// ... in order; warps reduced in order), so every token's row is bitwise the
+// one-token GEMV's. Unlike gemv_kernel, the weight loads are double buffered
+// (the next kUnroll vectors a row are in flight while the T tokens' FMAs of
+// the current ones run: with T tokens the compute phase is long enough to
+// drain the memory pipe otherwise), the accumulators are sized for exactly
+// kT tokens, and all tokens share one __syncthreads for the cross-warp sums.
+template <typename W, int kUnroll, bool kNorm, int kRows, int kT>
+__global__ void __launch_bounds__(kBlock) gemv_tokens_kernel(GemvArgs<W> a) {
+  static_assert(kRows % 2 == 0, "rows come in (gate, up) pairs");
+  constexpr int kVE = 16 / sizeof(W);
+  constexpr int kStep = kBlock * kUnroll;  // vectors a row per batch
+  constexpr int kWarps = kBlock / 32;
+  const int tig = threadIdx.x;
+  const int n0 = blockIdx.x * kRows;
+  const int nvec = a.K / kVE;
+  const uint4* wr[kRows];
+  bool ok[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    ok[r] = n0 + r < a.N;
+    wr[r] = reinterpret_cast<const uint4*>(a.w + size_t(ok[r] ? n0 + r : 0) * a.K);
+  }
+  const uint64_t pol = evict_first_policy();
+  detail::griddep_launch_dependents();
+
+  float acc[kT][kRows], ss[kT];
+#pragma unroll
+  for (int t = 0; t < kT; ++t) {
+    ss[t] = 0.f;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[t][r] = 0.f;
+  }
+  auto load = [&](uint4 (&wv)[kRows][kUnroll], int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = base + u * kBlock + tig;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        wv[r][u] = (ok[r] && vi < nvec) ? ld_weights(wr[r] + vi, pol) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto compute = [&](const uint4 (&wv)[kRows][kUnroll], int base) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = base + u * kBlock + tig;
+      if (vi >= nvec) break;
+#pragma unroll
+      for (int t = 0; t < kT; ++t) {
+        const float* xt = a.x + size_t(t) * a.K + size_t(vi) * kVE;
+        if constexpr (kNorm) {
+          float h[kVE];
+          ss[t] = load_normed(xt, a.norm + size_t(vi) * kVE, a.norm_add, h, ss[t]);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[t][r] = dot16_h(wv[r][u], h, acc[t][r], W{});
+        } else {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) acc[t][r] = dot16(wv[r][u], xt, acc[t][r], W{});
+        }
+      }
+    }
+  };
+  uint4 wa[kRows][kUnroll], wb[kRows][kUnroll];
+  load(wa, 0);
+  detail::griddep_wait();
+  for (int base = 0; base < nvec; base += 2 * kStep) {
+    if (base + kStep < nvec) load(wb, base + kStep);
+    compute(wa, base);
+    if (base + kStep >= nvec) break;
+    if (base + 2 * kStep < nvec) load(wa, base + 2 * kStep);
+    compute(wb, base + kStep);
+  }
+
+  // finish_rows' sums, all tokens at once: warp sums, then the warps in order.
+  __shared__ float red[kT][kWarps][kRows + 1];
+  const int warp = tig / 32, lane = tig % 32;
+#pragma unroll
+  for (int t = 0; t < kT; ++t) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[t][r] = detail::warp_sum(acc[t][r]);
+    if constexpr (kNorm) ss[t] = detail::warp_sum(ss[t]);
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) red[t][warp][r] = acc[t][r];
+      red[t][warp][kRows] = ss[t];
+    }
+  }
+  __syncthreads();
+  if (tig >= kT) return;
+  const int t = tig;  // one thread a token
+  float sum[kRows + 1];
+#pragma unroll
+  for (int r = 0; r <= kRows; ++r) {
+    sum[r] = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum[r] += red[t][w][r];
+  }
+  if constexpr (kNorm) {
+    const float inv = rsqrtf(sum[kRows] / a.K + a.norm_eps);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) sum[r] *= inv;
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; r += 2) gemv_epilogue(a, t, n0 + r, sum[r], sum[r + 1]);
+}
+
+template <typename W, bool kNorm, int kUnroll, int kRows>
+void launch_gemv_tokens(const GemvArgs<W>& a, Launch stream) {
+  auto go = [&](auto kernel) { launch(kernel, dim3(ceil_div(a.N, kRows)), dim3(kBlock), 0, stream, a); };
+  switch (a.T) {
+    case 2: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 2>); break;
+    case 3: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 3>); break;
+    case 4: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 4>); break;
+    case 5: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 5>); break;
+    case 6: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 6>); break;
+    case 7: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 7>); break;
+    default: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, kMaxGemvTokens>); break;
+  }
+}
+static_assert(kMaxGemvTokens == 8, "launch_gemv_tokens has a case per token count");
+
 // Several tokens: the T == 1 shape's threads per row group (kTPR), so each
 // row sums as it does alone; kRows rows a group (x is read once per group:
 // with T tokens the x reads, not the weights, would bound a pair).
 template <typename W, bool kNorm, int kTPR>
 void launch_gemv_multi(const GemvArgs<W>& a, Tuning::Multi multi, Launch stream) {
+  if constexpr (kTPR == kBlock && sizeof(W) == 2) {  // the pipelined exact-T kernels (bf16/f16, long rows)
+    // automatic: p4u2 at T = 2, p8u1 above. H200, llama3.1-8b verify step of
+    // T tokens against one decode step (2026-12-03, bench/results/
+    // h200-2026-12-03-session8.md): T = 5: r4u2 1.99x, p4u2 2.00x, p2u4
+    // 2.53x, p8u1 1.80x; T = 2: p4u2 1.17x (r4u2 1.21x). More rows a block
+    // won, the double buffering did not: the x reads per row (f32, once per
+    // token per weight vector) bound the step, not the weight stream.
+    if (multi == Tuning::Multi::automatic) multi = a.T == 2 ? Tuning::Multi::p4u2 : Tuning::Multi::p8u1;
+    switch (multi) {
+      case Tuning::Multi::p4u2: launch_gemv_tokens<W, kNorm, 2, 4>(a, stream); return;
+      case Tuning::Multi::p2u4: launch_gemv_tokens<W, kNorm, 4, 2>(a, stream); return;
+      case Tuning::Multi::p8u1: launch_gemv_tokens<W, kNorm, 1, 8>(a, stream); return;
+      default: break;
+    }
+  }
   auto go = [&](auto kernel, int rows) {
     launch(kernel, dim3(ceil_div(a.N, rows * (kBlock / kTPR))), dim3(kBlock), 0, stream, a);
   };
-  // automatic is r4u2: on the H200 (2026-12-03, llama3.1-8b verify step of
+  // automatic (f32 weights or short rows) is r4u2: on the H200 (2026-12-03, llama3.1-8b verify step of
   // T tokens against one decode step) T = 2 / 5 / 8 took 1.21x / 1.99x /
   // 2.92x with r4u2 against 1.38x / 2.41x / 3.50x with r8u2 (236-242
   // registers: two blocks an SM); r8u1 2.51x and r4u4 2.35x at T = 5.
