@@ -178,7 +178,7 @@ const std::string kO = "model.layers.1.self_attn.o_proj";
 
 }  // namespace
 
-TEST(Fp8BadInput, MissingOrMisshapenScalesNameTheTensor) {
+TEST(Fp8BadInput, MissingOrMisshapenScalesAndCodesNameTheTensor) {
   TempDir tmp;
   const fs::path src = fixtures_dir() / "llama";
   const MlxCheckpoint block = make_fp8(src, {Fp8Layout::block, 128, 128, false});
@@ -208,6 +208,12 @@ TEST(Fp8BadInput, MissingOrMisshapenScalesNameTheTensor) {
     MlxCheckpoint m = block;
     m.tensors[kO + ".weight_scale_inv"] = entry_of("I32", {1, 1}, std::vector<int32_t>{1});
     EXPECT_THAT(load_error(tmp, m), HasSubstr("\"" + kO + ".weight_scale_inv\": dtype i32 is not a float type"));
+  }
+  {
+    MlxCheckpoint m = block;  // o_proj's codes as [64, 32]
+    m.tensors[kO + ".weight"].shape = {64, 32};
+    m.tensors[kO + ".weight"].bytes.resize(64 * 32);
+    EXPECT_THAT(load_error(tmp, m), HasSubstr("tensor \"" + kO + ".weight\": expected shape [64, 64], found [64, 32]"));
   }
 }
 
