@@ -36,6 +36,16 @@ TEST(Tuning, EveryKeyParses) {
   EXPECT_NE(Tuning::parse("gemv=block2"), Tuning{});
 }
 
+TEST(Tuning, EveryGemvAndMultiNameParsesToItsValue) {
+  using G = Tuning::Gemv;
+  using M = Tuning::Multi;
+  for (auto [name, g] : {std::pair{"auto", G::automatic}, {"block2", G::block2}, {"warp2", G::warp2}, {"warp4", G::warp4}})
+    EXPECT_EQ(Tuning::parse(std::string("gemv=") + name).gemv, g) << name;
+  for (auto [name, m] : {std::pair{"auto", M::automatic}, {"r8u2", M::r8u2}, {"r4u2", M::r4u2}, {"r8u1", M::r8u1},
+                         {"r4u4", M::r4u4}})
+    EXPECT_EQ(Tuning::parse(std::string("mt=") + name).multi, m) << name;
+}
+
 TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   auto expect_error = [](const char* spec, const char* what) {
     try {
@@ -46,12 +56,13 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
       EXPECT_THAT(e.what(), HasSubstr(what)) << spec;
     }
   };
-  expect_error("gemv=fast", "gemv=fast");
+  expect_error("gemv=fast", "gemv=fast: expected auto, block2, warp2 or warp4");
   expect_error("attn-heads=3", "attn-heads=3");
   expect_error("attn-chunk=-1", "attn-chunk=-1");
   expect_error("attn-chunk=12x", "attn-chunk=12x");
   expect_error("pdl=maybe", "pdl=maybe");
-  expect_error("mt=r16u1", "mt=r16u1");
+  expect_error("mt=r16u1", "mt=r16u1: expected auto, r8u2, r4u2, r8u1 or r4u4");
+  expect_error("mt=", "mt=: expected auto");
   expect_error("prefill-attn=fast", "prefill-attn=fast");
   expect_error("colour=blue", "unknown key \"colour\"");
   expect_error("gemv", "expected key=value");
