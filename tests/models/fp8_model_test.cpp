@@ -26,17 +26,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids) {
-  SessionOptions so;
-  so.capacity = static_cast<int32_t>(ids.size());
-  so.max_write = 7;
-  so.all_logits = true;
-  Session s(std::move(m), so);
-  std::vector<float> out;
-  s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
-  return out;
-}
-
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -112,7 +101,8 @@ TEST_P(Fp8Model, CheckpointMatchesItsDequantisedValuesBitForBit) {
     auto dm = Model::load(ddir, Device::CPU);
     EXPECT_FALSE(dm->fp8_checkpoint().quantized());
     EXPECT_EQ(qm->weight_bytes(), dm->weight_bytes());
-    const std::vector<float> ql = all_logits(qm, ref.ids), dl = all_logits(dm, ref.ids);
+    const std::vector<float> ql = prefill_logits(qm, ref.ids, {.max_write = 7}),
+                             dl = prefill_logits(dm, ref.ids, {.max_write = 7});
     EXPECT_TRUE(same_bits(ql, dl)) << "max diff " << normalized_error(ql, dl);
     const double drift = normalized_error(ql, ref.logits);
     EXPECT_GT(drift, 1e-6);   // fp8 changes the model ...
@@ -150,7 +140,8 @@ TEST_P(Fp8Model, Bf16MatricesAreTheDequantisedValuesRoundedOnce) {
   auto dm = Model::load(tmp.path() / "dq", Device::CPU, {}, Model::CpuWeights::bf16);
   ASSERT_EQ(qm->matrix_dtype(), DType::BF16);
   ASSERT_EQ(dm->matrix_dtype(), DType::BF16);
-  const std::vector<float> ql = all_logits(qm, ref.ids), dl = all_logits(dm, ref.ids);
+  const std::vector<float> ql = prefill_logits(qm, ref.ids, {.max_write = 7}),
+                           dl = prefill_logits(dm, ref.ids, {.max_write = 7});
   EXPECT_TRUE(same_bits(ql, dl)) << "max diff " << normalized_error(ql, dl);
   EXPECT_LT(normalized_error(ql, ref.logits), 0.3);
 }

@@ -28,17 +28,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids, int chunk) {
-  SessionOptions so;
-  so.capacity = static_cast<int32_t>(ids.size());
-  so.max_write = chunk;
-  so.all_logits = true;
-  Session s(std::move(m), so);
-  std::vector<float> out;
-  s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
-  return out;
-}
-
 // Random rows with the groups quantization finds hard: constant, all zero,
 // all negative, all positive, and exact ties at half a step.
 std::vector<float> test_matrix(int64_t N, int64_t K, int group, uint32_t seed) {
@@ -252,7 +241,8 @@ TEST_P(QuantModel, MlxCheckpointMatchesItsDequantisedValuesAndQuantizeOnLoad) {
     auto dm = Model::load(ddir, Device::CPU);
     ASSERT_FALSE(dm->quantization().quantized());
     EXPECT_LT(qm->weight_bytes(), dm->weight_bytes() * (k.bits == 4 ? 0.3 : 0.4));
-    const std::vector<float> ql = all_logits(qm, ref.ids, 7), dl = all_logits(dm, ref.ids, 7);
+    const std::vector<float> ql = prefill_logits(qm, ref.ids, {.max_write = 7}),
+                             dl = prefill_logits(dm, ref.ids, {.max_write = 7});
     EXPECT_LT(normalized_error(ql, dl), 1e-3);
     EXPECT_LT(normalized_error(ql, dl), 1e-5) << "expected only summation-order differences";
     // Quantization changes the model: not the fixture's own logits, but near them.
@@ -263,7 +253,7 @@ TEST_P(QuantModel, MlxCheckpointMatchesItsDequantisedValuesAndQuantizeOnLoad) {
       auto on_load = Model::load(src, Device::CPU, {}, Model::CpuWeights::automatic, {k.bits, k.group});
       ASSERT_EQ(on_load->quantization(), (QuantFormat{k.bits, k.group}));
       EXPECT_EQ(on_load->weight_bytes(), qm->weight_bytes());
-      const std::vector<float> ol = all_logits(on_load, ref.ids, 7);
+      const std::vector<float> ol = prefill_logits(on_load, ref.ids, {.max_write = 7});
       ASSERT_EQ(ol.size(), ql.size());
       EXPECT_EQ(std::memcmp(ol.data(), ql.data(), ol.size() * 4), 0) << "quantize on load vs MLX layout";
     }
@@ -282,7 +272,7 @@ TEST_P(QuantModel, QuantizeOnLoadLeavesMatricesTheGroupDoesNotDivideFloat) {
   EXPECT_EQ(info.weight_bytes, m->weight_bytes());
   EXPECT_FALSE(info.quantized_checkpoint);
   const Reference ref = load_reference(GetParam());
-  const std::vector<float> l = all_logits(m, ref.ids, 16);
+  const std::vector<float> l = prefill_logits(m, ref.ids, {.max_write = 16});
   EXPECT_LT(normalized_error(l, ref.logits), 0.5);
 }
 

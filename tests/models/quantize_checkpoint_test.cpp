@@ -14,6 +14,7 @@
 #include "kvgraph/safetensors.h"
 #include "kvgraph/session.h"
 #include "support/fixtures.h"
+#include "support/logits.h"
 #include "support/mlx_checkpoint.h"
 #include "support/temp_dir.h"
 
@@ -23,16 +24,6 @@ using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<float> prefill_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids) {
-  SessionOptions so;
-  so.capacity = static_cast<int32_t>(ids.size());
-  so.all_logits = true;
-  Session s(std::move(m), so);
-  std::vector<float> out;
-  s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
-  return out;
-}
 
 std::string error_of(const std::function<void()>& f) {
   try {
