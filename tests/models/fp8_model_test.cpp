@@ -16,6 +16,7 @@
 #include "kvgraph/session.h"
 #include "support/fixtures.h"
 #include "support/fp8_checkpoint.h"
+#include "support/load_error.h"
 #include "support/temp_dir.h"
 #include "support/logits.h"
 
@@ -152,18 +153,6 @@ INSTANTIATE_TEST_SUITE_P(Families, Fp8Model, ::testing::Values("llama", "qwen3",
 // ----------------------------------------------------------------- bad input
 
 namespace {
-
-std::string load_error(const TempDir& tmp, const MlxCheckpoint& m) {
-  static int n = 0;
-  const fs::path dir = tmp.path() / ("case" + std::to_string(n++));
-  write_checkpoint(dir, m);
-  try {
-    Model::load(dir, Device::CPU);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 const std::string kO = "model.layers.1.self_attn.o_proj";
 

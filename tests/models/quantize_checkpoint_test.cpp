@@ -13,6 +13,7 @@
 #include "kvgraph/model.h"
 #include "kvgraph/safetensors.h"
 #include "kvgraph/session.h"
+#include "support/errors.h"
 #include "support/fixtures.h"
 #include "support/logits.h"
 #include "support/mlx_checkpoint.h"
@@ -22,19 +23,6 @@ using namespace kvgraph;
 using namespace kvgraph::testing;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
-
-namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-}  // namespace
 
 TEST(QuantizeCheckpoint, MatchesAnIndependentMlxWriterAndLoadsAsQuantizeOnLoad) {
   for (const std::string& fam : fixture_families()) {
