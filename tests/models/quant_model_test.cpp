@@ -16,6 +16,7 @@
 #include "kvgraph/ops.h"
 #include "kvgraph/quant.h"
 #include "kvgraph/session.h"
+#include "support/decode_trace.h"
 #include "support/fixtures.h"
 #include "support/load_error.h"
 #include "support/mlx_checkpoint.h"
@@ -282,33 +283,6 @@ INSTANTIATE_TEST_SUITE_P(Families, QuantModel, ::testing::Values("llama", "qwen2
 
 // ----------------------------------------------------------------- compiled
 
-namespace {
-
-struct Trace {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-};
-
-Trace decode_trace(std::shared_ptr<const Model> m, bool eager, const std::vector<int32_t>& prompt, int steps) {
-  SessionOptions so;
-  so.capacity = 120;
-  so.max_write = 4;
-  so.eager = eager;
-  Session s(std::move(m), so);
-  s.sampling() = ops::SamplingParams{0.9f, 20, 0.9f, 1.1f, 7};
-  Trace t;
-  s.prefill(prompt);
-  t.tokens.push_back(s.sample());
-  t.logits.push_back(s.last_logits());
-  for (int i = 0; i < steps; ++i) {
-    t.tokens.push_back(s.decode());
-    t.logits.push_back(s.last_logits());
-  }
-  return t;
-}
-
-}  // namespace
-
 TEST(QuantCompiledDecode, BitwiseEqualToEager) {
   TempDir tmp;
   write_checkpoint(tmp.path() / "mlx", make_mlx(fixtures_dir() / "gemma3", 8, 32, true));
@@ -326,12 +300,10 @@ TEST(QuantCompiledDecode, BitwiseEqualToEager) {
   };
   for (const Case& c : cases) {
     const Reference ref = load_reference(c.family);
-    const Trace e = decode_trace(c.model, true, ref.greedy_prompt, 100);
-    const Trace r = decode_trace(c.model, false, ref.greedy_prompt, 100);
-    ASSERT_EQ(e.tokens, r.tokens) << c.what;
-    for (size_t i = 0; i < e.logits.size(); ++i)
-      ASSERT_EQ(std::memcmp(e.logits[i].data(), r.logits[i].data(), e.logits[i].size() * 4), 0)
-          << c.what << ": logits differ at step " << i;
+    const ops::SamplingParams sp{0.9f, 20, 0.9f, 1.1f, 7};
+    const Trace e = decode_trace(c.model, {.capacity = 120, .max_write = 4, .eager = true}, ref.greedy_prompt, 100, sp);
+    const Trace r = decode_trace(c.model, {.capacity = 120, .max_write = 4}, ref.greedy_prompt, 100, sp);
+    expect_bitwise(e, r, c.what);
   }
 }
 
