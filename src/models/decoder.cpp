@@ -80,6 +80,19 @@ CacheStep Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const T
     lo.norm_plus_one = plus1;
     return lo;
   };
+  // x += in @ w^T + bias: the product's residual epilogue, or, with Gemma's
+  // sandwich norms, the product into o and then x += rms_norm(o) weighted by `post`.
+  auto add_to_x = [&](const Tensor& in, const Weight& w, const Tensor& bias, const Tensor& post) {
+    ops::LinearOptions lo;
+    lo.bias = opt(bias);
+    if (c.sandwich_norms) {
+      ops::linear(s, in, w, o, lo);
+      ops::rms_norm_add(s, o, post, x, eps, plus1);
+    } else {
+      lo.residual = &x;
+      ops::linear(s, in, w, x, lo);
+    }
+  };
 
   ops::embedding(s, embed_, ids.slice_rows(0, T), x, c.embed_scale);
   const CacheStep step = cache.begin_step(s, pos, T);  // plans once per policy
@@ -102,30 +115,14 @@ CacheStep Model::forward(Stream& s, SequenceCache& cache, Workspace& ws, const T
                                .norm_eps = eps,
                                .norm_plus_one = plus1,
                                .rope_inv_freq = sliding ? &inv_freq_local_ : &inv_freq_global_});
-    ops::LinearOptions o_o;
-    o_o.bias = opt(L.o_bias);
-    if (c.sandwich_norms) {
-      ops::linear(s, attn, L.o_proj, o, o_o);
-      ops::rms_norm_add(s, o, L.post_attention_norm, x, eps, plus1);
-    } else {
-      o_o.residual = &x;
-      ops::linear(s, attn, L.o_proj, x, o_o);
-    }
+    add_to_x(attn, L.o_proj, L.o_bias, L.post_attention_norm);
     // MLP block.
     ops::LinearOptions up_o = normed(c.sandwich_norms ? L.pre_feedforward_norm : L.post_attention_norm);
     up_o.bias = opt(L.gate_up_bias);
     up_o.gated = true;
     up_o.act = c.activation;
     ops::linear(s, x, L.gate_up_proj, act, up_o);
-    ops::LinearOptions down_o;
-    down_o.bias = opt(L.down_bias);
-    if (c.sandwich_norms) {
-      ops::linear(s, act, L.down_proj, o, down_o);
-      ops::rms_norm_add(s, o, L.post_feedforward_norm, x, eps, plus1);
-    } else {
-      down_o.residual = &x;
-      ops::linear(s, act, L.down_proj, x, down_o);
-    }
+    add_to_x(act, L.down_proj, L.down_bias, L.post_feedforward_norm);
   }
   // Head: every row, or only the last token's.
   Tensor rows = all_logits ? x : x.slice_rows(T - 1, 1);

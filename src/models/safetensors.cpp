@@ -426,21 +426,25 @@ WeightStore::WeightStore(const std::filesystem::path& model_dir) : dir_(model_di
   }
 }
 
-bool WeightStore::has(std::string_view name) const { return where_.find(name) != where_.end(); }
+namespace {
 
-WeightView WeightStore::get(std::string_view name) const {
-  auto it = where_.find(name);
-  if (it == where_.end()) fail("weights", "missing tensor \"{}\" in {}", name, dir_.string());
-  return files_[it->second]->get(name);
-}
-
-WeightView WeightStore::get(std::string_view name, const std::vector<int64_t>& expected_shape) const {
-  WeightView v = get(name);
+// `v` when it has the expected shape; else [weights] naming the tensor and both shapes.
+WeightView with_shape(WeightView v, std::string_view name, const std::vector<int64_t>& expected_shape) {
   if (v.shape != expected_shape) {
     fail("weights", "tensor \"{}\": expected shape {}, found {}", name, shape_string(expected_shape),
          shape_string(v.shape));
   }
   return v;
+}
+
+}  // namespace
+
+bool WeightStore::has(std::string_view name) const { return where_.find(name) != where_.end(); }
+
+WeightView WeightStore::get(std::string_view name) const { return files_[where_index(name)]->get(name); }
+
+WeightView WeightStore::get(std::string_view name, const std::vector<int64_t>& expected_shape) const {
+  return with_shape(get(name), name, expected_shape);
 }
 
 std::string_view WeightStore::stored_dtype(std::string_view name) const {
@@ -450,12 +454,7 @@ std::string_view WeightStore::stored_dtype(std::string_view name) const {
 WeightView WeightStore::get_e4m3(std::string_view name) const { return files_[where_index(name)]->get_e4m3(name); }
 
 WeightView WeightStore::get_e4m3(std::string_view name, const std::vector<int64_t>& expected_shape) const {
-  WeightView v = get_e4m3(name);
-  if (v.shape != expected_shape) {
-    fail("weights", "tensor \"{}\": expected shape {}, found {}", name, shape_string(expected_shape),
-         shape_string(v.shape));
-  }
-  return v;
+  return with_shape(get_e4m3(name), name, expected_shape);
 }
 
 size_t WeightStore::where_index(std::string_view name) const {
@@ -465,9 +464,7 @@ size_t WeightStore::where_index(std::string_view name) const {
 }
 
 const std::filesystem::path& WeightStore::file_of(std::string_view name) const {
-  auto it = where_.find(name);
-  if (it == where_.end()) fail("weights", "missing tensor \"{}\" in {}", name, dir_.string());
-  return files_[it->second]->path();
+  return files_[where_index(name)]->path();
 }
 
 std::vector<std::string> WeightStore::names() const {

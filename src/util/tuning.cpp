@@ -22,6 +22,16 @@ int parse_count(std::string_view key, std::string_view v) {
 
 std::string count_str(int n) { return n == 0 ? "auto" : std::to_string(n); }
 
+// The index of `v` in `names`; else [tuning] "key=v: expected a, b or c".
+template <size_t N>
+int parse_name(std::string_view key, std::string_view v, const std::string_view (&names)[N]) {
+  for (size_t i = 0; i < N; ++i)
+    if (v == names[i]) return static_cast<int>(i);
+  std::string expected(names[0]);
+  for (size_t i = 1; i < N; ++i) expected += fmt::format("{}{}", i + 1 < N ? ", " : " or ", names[i]);
+  fail("tuning", "{}={}: expected {}", key, v, expected);
+}
+
 }  // namespace
 
 std::string Tuning::describe() const {
@@ -43,10 +53,7 @@ Tuning Tuning::parse(std::string_view spec) {
     if (eq == std::string_view::npos) fail("tuning", "\"{}\": expected key=value", item);
     const std::string_view key = item.substr(0, eq), v = item.substr(eq + 1);
     if (key == "gemv") {
-      bool found = false;
-      for (int i = 0; i < 4; ++i)
-        if (v == kGemvNames[i]) t.gemv = static_cast<Gemv>(i), found = true;
-      if (!found) fail("tuning", "gemv={}: expected auto, block2, warp2 or warp4", v);
+      t.gemv = static_cast<Gemv>(parse_name(key, v, kGemvNames));
     } else if (key == "attn") {
       if (v != "fast" && v != "legacy") fail("tuning", "attn={}: expected fast or legacy", v);
       t.legacy_decode_attention = v == "legacy";
@@ -63,10 +70,7 @@ Tuning Tuning::parse(std::string_view spec) {
       if (v != "f32" && v != "int8") fail("tuning", "qx={}: expected f32 or int8", v);
       t.quantized_int8_x = v == "int8";
     } else if (key == "mt") {
-      bool found = false;
-      for (size_t i = 0; i < std::size(kMultiNames); ++i)
-        if (v == kMultiNames[i]) t.multi = static_cast<Multi>(i), found = true;
-      if (!found) fail("tuning", "mt={}: expected auto, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4 or p8u1", v);
+      t.multi = static_cast<Multi>(parse_name(key, v, kMultiNames));
     } else if (key == "prefill-attn") {
       if (v != "legacy" && v != "flash") fail("tuning", "prefill-attn={}: expected legacy or flash", v);
       t.prefill_attn = v == "flash" ? PrefillAttn::flash : PrefillAttn::legacy;

@@ -6,11 +6,13 @@
 
 #include "chat/chat_format.h"
 #include "chat/chat_template.h"
+#include "support/errors.h"
 #include "support/files.h"
 #include "support/temp_dir.h"
 
 using namespace kvgraph;
 using chat::ChatTemplate;
+using kvgraph::testing::error_of;
 using nlohmann::ordered_json;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
@@ -24,15 +26,6 @@ const char* kTemplate = "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{
                         "{% if add_generation_prompt %}[assistant]{% endif %}";
 
 ordered_json user(const std::string& text) { return {{"role", "user"}, {"content", text}}; }
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 // A checkpoint directory holding only tokenizer_config.json (and files a test adds).
 fs::path config_dir(const kvgraph::testing::TempDir& tmp, const ordered_json& config) {

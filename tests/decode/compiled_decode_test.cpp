@@ -9,46 +9,12 @@
 #include "kvgraph/error.h"
 #include "kvgraph/model.h"
 #include "kvgraph/session.h"
+#include "support/decode_trace.h"
 #include "support/fixtures.h"
 
 using namespace kvgraph;
 using namespace kvgraph::testing;
 using ::testing::HasSubstr;
-
-namespace {
-
-struct Trace {
-  std::vector<int32_t> tokens;
-  std::vector<std::vector<float>> logits;
-};
-
-// Prefill `prompt`, then decode `steps` tokens; records every token and the
-// logits it was sampled from.
-Trace run(std::shared_ptr<const Model> m, SessionOptions so, const std::vector<int32_t>& prompt, int steps,
-          ops::SamplingParams sp, int* captures = nullptr) {
-  Session s(std::move(m), so);
-  s.sampling() = sp;
-  Trace t;
-  s.prefill(prompt);
-  t.tokens.push_back(s.sample());
-  t.logits.push_back(s.last_logits());
-  for (int i = 0; i < steps; ++i) {
-    t.tokens.push_back(s.decode());
-    t.logits.push_back(s.last_logits());
-  }
-  if (captures) *captures = s.captures();
-  return t;
-}
-
-void expect_bitwise(const Trace& a, const Trace& b, const std::string& what) {
-  ASSERT_EQ(a.tokens, b.tokens) << what;
-  ASSERT_EQ(a.logits.size(), b.logits.size());
-  for (size_t i = 0; i < a.logits.size(); ++i)
-    ASSERT_EQ(0, std::memcmp(a.logits[i].data(), b.logits[i].data(), a.logits[i].size() * sizeof(float)))
-        << what << ": logits differ at step " << i;
-}
-
-}  // namespace
 
 class CompiledDecode : public ::testing::TestWithParam<std::string> {};
 
@@ -64,9 +30,9 @@ TEST_P(CompiledDecode, BitwiseEqualToEagerOverManyStepsGreedyAndSampled) {
   for (ops::SamplingParams sp : {ops::SamplingParams{}, ops::SamplingParams{0.9f, 20, 0.9f, 1.1f, 7}}) {
     int captures = 0;
     so.eager = true;
-    Trace eager = run(model, so, ref.greedy_prompt, 216, sp);
+    Trace eager = decode_trace(model, so, ref.greedy_prompt, 216, sp);
     so.eager = false;
-    Trace compiled = run(model, so, ref.greedy_prompt, 216, sp, &captures);
+    Trace compiled = decode_trace(model, so, ref.greedy_prompt, 216, sp, &captures);
     expect_bitwise(eager, compiled, GetParam());
     EXPECT_EQ(captures, 1) << "the decode step must be recorded once per session";
   }

@@ -18,23 +18,6 @@ using namespace kvgraph;
 using namespace kvgraph::testing;
 using ::testing::HasSubstr;
 
-namespace {
-
-std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids, int chunk,
-                              DType kv) {
-  SessionOptions so;
-  so.capacity = static_cast<int32_t>(ids.size());
-  so.max_write = chunk;
-  so.all_logits = true;
-  so.kv_storage = kv;
-  Session s(std::move(m), so);
-  std::vector<float> out;
-  s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
-  return out;
-}
-
-}  // namespace
-
 class CudaModel : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -46,9 +29,9 @@ TEST_P(CudaModel, LogitsMatchCpuAndTransformersForChunks1And3AndWhole) {
   const Reference ref = load_reference(GetParam());
   auto gpu = Model::load(fixtures_dir() / GetParam(), Device::CUDA);
   auto cpu = Model::load(fixtures_dir() / GetParam(), Device::CPU);
-  const std::vector<float> cpu_logits = all_logits(cpu, ref.ids, 128, DType::F32);
+  const std::vector<float> cpu_logits = prefill_logits(cpu, ref.ids, {.max_write = 128, .kv_storage = DType::F32});
   for (int chunk : {1, 3, 128}) {
-    std::vector<float> g = all_logits(gpu, ref.ids, chunk, DType::F32);
+    std::vector<float> g = prefill_logits(gpu, ref.ids, {.max_write = chunk, .kv_storage = DType::F32});
     ASSERT_EQ(g.size(), ref.logits.size());
     EXPECT_LT(normalized_error(g, cpu_logits), 1e-4) << GetParam() << " chunk " << chunk << " vs CPU";
     double worst = 0;
@@ -59,8 +42,8 @@ TEST_P(CudaModel, LogitsMatchCpuAndTransformersForChunks1And3AndWhole) {
   // 1e-6 of a rounding boundary can land one bf16 ulp apart, so the GPU is
   // held to the design's bf16 bound against the CPU's bf16-KV logits; both
   // stay near the f32-KV logits.
-  std::vector<float> b = all_logits(gpu, ref.ids, 16, DType::BF16);
-  std::vector<float> cb = all_logits(cpu, ref.ids, 16, DType::BF16);
+  std::vector<float> b = prefill_logits(gpu, ref.ids, {.max_write = 16, .kv_storage = DType::BF16});
+  std::vector<float> cb = prefill_logits(cpu, ref.ids, {.max_write = 16, .kv_storage = DType::BF16});
   EXPECT_LT(normalized_error(b, cb), 1e-2) << GetParam() << " bf16 KV vs CPU bf16 KV";
   EXPECT_LT(normalized_error(cb, cpu_logits), 5e-2) << GetParam() << " bf16 KV vs f32 KV";
 }

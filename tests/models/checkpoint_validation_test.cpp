@@ -21,6 +21,7 @@
 #include "kvgraph/safetensors.h"
 #include "kvgraph/tokenizer.h"
 #include "models/family.h"
+#include "support/errors.h"
 #include "support/files.h"
 #include "support/fixtures.h"
 #include "support/run.h"
@@ -80,23 +81,15 @@ void edit_config(const fs::path& dir, const std::function<void(json&)>& edit) {
 }
 
 std::string load_error(const fs::path& dir, int* progress_calls = nullptr) {
-  try {
+  return error_of([&] {
     Model::load(dir, Device::CPU, [&](size_t, size_t) {
       if (progress_calls) ++*progress_calls;
     });
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  });
 }
 
 std::string config_error(const std::string& text) {
-  try {
-    parse_model_config(text);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return error_of([&] { parse_model_config(text); });
 }
 
 fs::path default_model() { return fs::path(KVGRAPH_SOURCE_DIR) / "models" / "default"; }

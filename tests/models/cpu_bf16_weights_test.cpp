@@ -12,6 +12,7 @@
 #include "kvgraph/session.h"
 #include "support/files.h"
 #include "support/fixtures.h"
+#include "support/logits.h"
 #include "support/temp_dir.h"
 
 using namespace kvgraph;
@@ -61,17 +62,6 @@ void write_rounded(const std::string& family, const fs::path& dir, bool bf16) {
   write_bytes(dir / "model.safetensors", safetensors_bytes(out.dump(), body));
 }
 
-std::vector<float> all_logits(const std::shared_ptr<Model>& model, const std::vector<int32_t>& ids, int chunk) {
-  SessionOptions so;
-  so.capacity = static_cast<int32_t>(ids.size());
-  so.max_write = chunk;
-  so.all_logits = true;
-  Session s(model, so);
-  std::vector<float> out;
-  s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
-  return out;
-}
-
 class CpuBf16Weights : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CpuBf16Weights, StayBf16AndMatchTheSameValuesInF32) {
@@ -92,7 +82,8 @@ TEST_P(CpuBf16Weights, StayBf16AndMatchTheSameValuesInF32) {
 
   const Reference ref = load_reference(GetParam());
   for (int chunk : {1, static_cast<int>(ref.ids.size())}) {
-    const std::vector<float> la = all_logits(a, ref.ids, chunk), lb = all_logits(b, ref.ids, chunk);
+    const std::vector<float> la = prefill_logits(a, ref.ids, {.max_write = chunk}),
+                             lb = prefill_logits(b, ref.ids, {.max_write = chunk});
     ASSERT_EQ(la.size(), lb.size());
     double worst = 0;
     for (size_t i = 0; i < la.size(); ++i) worst = std::max(worst, double(std::abs(la[i] - lb[i])));

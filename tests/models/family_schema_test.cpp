@@ -14,6 +14,7 @@
 #include "kvgraph/model.h"
 #include "models/family.h"
 #include "support/files.h"
+#include "support/load_error.h"
 #include "support/temp_dir.h"
 
 using namespace kvgraph;
@@ -75,15 +76,6 @@ size_t plan_bytes(const std::vector<TensorPlan>& plans) {
     bytes += n;
   }
   return bytes;
-}
-
-std::string load_error(const fs::path& dir) {
-  try {
-    Model::load(dir, Device::CPU);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
 }
 
 }  // namespace

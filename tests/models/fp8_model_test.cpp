@@ -16,6 +16,7 @@
 #include "kvgraph/session.h"
 #include "support/fixtures.h"
 #include "support/fp8_checkpoint.h"
+#include "support/load_error.h"
 #include "support/temp_dir.h"
 #include "support/logits.h"
 
@@ -25,17 +26,6 @@ using ::testing::HasSubstr;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids) {
-  SessionOptions so;
-  so.capacity = static_cast<int32_t>(ids.size());
-  so.max_write = 7;
-  so.all_logits = true;
-  Session s(std::move(m), so);
-  std::vector<float> out;
-  s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
-  return out;
-}
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
@@ -112,7 +102,8 @@ TEST_P(Fp8Model, CheckpointMatchesItsDequantisedValuesBitForBit) {
     auto dm = Model::load(ddir, Device::CPU);
     EXPECT_FALSE(dm->fp8_checkpoint().quantized());
     EXPECT_EQ(qm->weight_bytes(), dm->weight_bytes());
-    const std::vector<float> ql = all_logits(qm, ref.ids), dl = all_logits(dm, ref.ids);
+    const std::vector<float> ql = prefill_logits(qm, ref.ids, {.max_write = 7}),
+                             dl = prefill_logits(dm, ref.ids, {.max_write = 7});
     EXPECT_TRUE(same_bits(ql, dl)) << "max diff " << normalized_error(ql, dl);
     const double drift = normalized_error(ql, ref.logits);
     EXPECT_GT(drift, 1e-6);   // fp8 changes the model ...
@@ -150,7 +141,8 @@ TEST_P(Fp8Model, Bf16MatricesAreTheDequantisedValuesRoundedOnce) {
   auto dm = Model::load(tmp.path() / "dq", Device::CPU, {}, Model::CpuWeights::bf16);
   ASSERT_EQ(qm->matrix_dtype(), DType::BF16);
   ASSERT_EQ(dm->matrix_dtype(), DType::BF16);
-  const std::vector<float> ql = all_logits(qm, ref.ids), dl = all_logits(dm, ref.ids);
+  const std::vector<float> ql = prefill_logits(qm, ref.ids, {.max_write = 7}),
+                           dl = prefill_logits(dm, ref.ids, {.max_write = 7});
   EXPECT_TRUE(same_bits(ql, dl)) << "max diff " << normalized_error(ql, dl);
   EXPECT_LT(normalized_error(ql, ref.logits), 0.3);
 }
@@ -162,23 +154,11 @@ INSTANTIATE_TEST_SUITE_P(Families, Fp8Model, ::testing::Values("llama", "qwen3",
 
 namespace {
 
-std::string load_error(const TempDir& tmp, const MlxCheckpoint& m) {
-  static int n = 0;
-  const fs::path dir = tmp.path() / ("case" + std::to_string(n++));
-  write_checkpoint(dir, m);
-  try {
-    Model::load(dir, Device::CPU);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 const std::string kO = "model.layers.1.self_attn.o_proj";
 
 }  // namespace
 
-TEST(Fp8BadInput, MissingOrMisshapenScalesNameTheTensor) {
+TEST(Fp8BadInput, MissingOrMisshapenScalesAndCodesNameTheTensor) {
   TempDir tmp;
   const fs::path src = fixtures_dir() / "llama";
   const MlxCheckpoint block = make_fp8(src, {Fp8Layout::block, 128, 128, false});
@@ -208,6 +188,12 @@ TEST(Fp8BadInput, MissingOrMisshapenScalesNameTheTensor) {
     MlxCheckpoint m = block;
     m.tensors[kO + ".weight_scale_inv"] = entry_of("I32", {1, 1}, std::vector<int32_t>{1});
     EXPECT_THAT(load_error(tmp, m), HasSubstr("\"" + kO + ".weight_scale_inv\": dtype i32 is not a float type"));
+  }
+  {
+    MlxCheckpoint m = block;  // o_proj's codes as [64, 32]
+    m.tensors[kO + ".weight"].shape = {64, 32};
+    m.tensors[kO + ".weight"].bytes.resize(64 * 32);
+    EXPECT_THAT(load_error(tmp, m), HasSubstr("tensor \"" + kO + ".weight\": expected shape [64, 64], found [64, 32]"));
   }
 }
 

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvgraph/error.h"
+#include "support/errors.h"
 
 namespace kvgraph {
 namespace {
@@ -24,12 +25,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 std::string error_of(const std::string& json_text) {
-  try {
-    parse_model_config(json_text);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
+  return kvgraph::testing::error_of([&] { parse_model_config(json_text); });
 }
 
 // ------------------------------------------------------------- defaults

@@ -21,20 +21,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::vector<float> all_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids, int chunk,
-                              Tuning tuning = {}) {
-  SessionOptions so;
-  so.tuning = tuning;
-  so.capacity = static_cast<int32_t>(ids.size());
-  so.max_write = chunk;
-  so.all_logits = true;
-  so.kv_storage = DType::F32;
-  Session s(std::move(m), so);
-  std::vector<float> out;
-  s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
-  return out;
-}
-
 std::vector<float> decode_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& prompt, bool eager,
                                  Tuning tuning = {}) {
   SessionOptions so;
@@ -82,12 +68,12 @@ TEST_P(CudaQuantModel, LogitsMatchTheCpuForChunks1And3AndWhole) {
   };
   for (const Case& c : cases) {
     ASSERT_TRUE(c.gpu->quantization().quantized()) << c.what;
-    const std::vector<float> want = all_logits(c.cpu, ref.ids, 128);
+    const std::vector<float> want = prefill_logits(c.cpu, ref.ids, {.max_write = 128});
     // T == 1 (the fused-dequant GEMV, f32 x) stays within 1e-2 of the CPU;
     // T > 1 rounds both x and the dequantised weights to bf16 for cuBLAS
     // (the CPU keeps f32): measured 1.8-1.9e-2 on the H200 (2026-12-03).
     for (int chunk : {1, 3, 128}) {
-      const std::vector<float> got = all_logits(c.gpu, ref.ids, chunk);
+      const std::vector<float> got = prefill_logits(c.gpu, ref.ids, {.max_write = chunk});
       ASSERT_EQ(got.size(), want.size());
       EXPECT_LT(normalized_error(got, want), chunk == 1 ? 1e-2 : 3e-2) << GetParam() << " " << c.what << " chunk " << chunk;
     }
@@ -98,7 +84,8 @@ TEST_P(CudaQuantModel, LogitsMatchTheCpuForChunks1And3AndWhole) {
     // 1e-2 (CudaQuantLinear.Int8XGemvIsWithinInt8RoundingOfTheReference).
     Tuning x8;
     x8.quantized_int8_x = true;
-    EXPECT_LT(normalized_error(all_logits(c.gpu, ref.ids, 1, x8), want), 0.2) << GetParam() << " " << c.what << " qx=int8";
+    EXPECT_LT(normalized_error(prefill_logits(c.gpu, ref.ids, {.max_write = 1, .tuning = x8}), want), 0.2)
+        << GetParam() << " " << c.what << " qx=int8";
     for (const Tuning& t : {Tuning{}, x8}) {
       const std::vector<float> e = decode_logits(c.gpu, ref.greedy_prompt, true, t);
       const std::vector<float> r = decode_logits(c.gpu, ref.greedy_prompt, false, t);

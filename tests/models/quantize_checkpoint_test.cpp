@@ -13,7 +13,9 @@
 #include "kvgraph/model.h"
 #include "kvgraph/safetensors.h"
 #include "kvgraph/session.h"
+#include "support/errors.h"
 #include "support/fixtures.h"
+#include "support/logits.h"
 #include "support/mlx_checkpoint.h"
 #include "support/temp_dir.h"
 
@@ -21,29 +23,6 @@ using namespace kvgraph;
 using namespace kvgraph::testing;
 using ::testing::HasSubstr;
 namespace fs = std::filesystem;
-
-namespace {
-
-std::vector<float> prefill_logits(std::shared_ptr<const Model> m, const std::vector<int32_t>& ids) {
-  SessionOptions so;
-  so.capacity = static_cast<int32_t>(ids.size());
-  so.all_logits = true;
-  Session s(std::move(m), so);
-  std::vector<float> out;
-  s.prefill(ids, [&](int32_t, int32_t, const std::vector<float>& l) { out.insert(out.end(), l.begin(), l.end()); });
-  return out;
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
-}  // namespace
 
 TEST(QuantizeCheckpoint, MatchesAnIndependentMlxWriterAndLoadsAsQuantizeOnLoad) {
   for (const std::string& fam : fixture_families()) {

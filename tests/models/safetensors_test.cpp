@@ -15,6 +15,7 @@
 
 #include "kvgraph/error.h"
 
+#include "support/errors.h"
 #include "support/files.h"
 #include "support/temp_dir.h"
 
@@ -26,6 +27,7 @@ using ::testing::HasSubstr;
 using json = nlohmann::json;
 
 using kvgraph::testing::TempDir;
+using kvgraph::testing::error_of;
 using kvgraph::testing::safetensors_bytes;
 using kvgraph::testing::write_bytes;
 
@@ -53,17 +55,6 @@ std::string build(const std::vector<TensorSpec>& tensors, const json& metadata =
     data += t.bytes;
   }
   return safetensors_bytes(h.dump(), data);
-}
-
-// The message of the kvgraph::Error `f` throws ("" if none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 std::string open_error(const TempDir& dir, const std::string& bytes) {

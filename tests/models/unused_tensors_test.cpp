@@ -10,6 +10,7 @@
 #include "kvgraph/error.h"
 #include "kvgraph/model.h"
 #include "support/fixtures.h"
+#include "support/load_error.h"
 #include "support/temp_dir.h"
 
 using namespace kvgraph;
@@ -27,15 +28,6 @@ std::filesystem::path with_config(const TempDir& dir, const std::string& family,
   edit(c);
   std::ofstream(dir.path() / "config.json") << c.dump();
   return dir.path();
-}
-
-std::string load_error(const std::filesystem::path& dir) {
-  try {
-    Model::load(dir, Device::CPU);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 }  // namespace

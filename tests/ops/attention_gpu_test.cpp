@@ -407,19 +407,26 @@ TEST(CudaAttention, StridedViewsOfAFusedQkvBuffer) {
   }
 }
 
+// The q-norm + RoPE prologue: head dim 64 over a fused QKV buffer (GQA 7),
+// or 256 over separate q, k, v (GQA 4); flat (window 0) or a ring.
+Case prologue_case(int D, int window, int max_write, int capacity) {
+  Case c;
+  c.D = D;
+  c.Hq = D == 256 ? 4 : 14;
+  c.Hkv = D == 256 ? 1 : 2;
+  c.fused_qkv = D == 64;
+  c.prologue = true;
+  c.window = window;
+  c.max_write = max_write;
+  c.capacity = capacity;
+  return c;
+}
+
 TEST(CudaAttention, QkNormAndRopePrologueMatchesHostReference) {
   SKIP_WITHOUT_GPU();
   for (int D : {64, 256})
     for (int window : {0, 8}) {
-      Case c;
-      c.D = D;
-      c.Hq = D == 256 ? 4 : 14;
-      c.Hkv = D == 256 ? 1 : 2;
-      c.fused_qkv = D == 64;
-      c.prologue = true;
-      c.window = window;
-      c.max_write = 6;
-      c.capacity = 64;
+      Case c = prologue_case(D, window, /*max_write=*/6, /*capacity=*/64);
       c.storage = DType::F32;
       Runner r(c);
       EXPECT_LT(r.step(6, 1), kTol) << describe(c);
@@ -532,18 +539,7 @@ TEST_P(CudaPrefillAttention, SoftcapAndPrologue) {
     cases.push_back(c);
   }
   for (int D : {64, 256})
-    for (int window : {0, 24}) {
-      Case c;
-      c.D = D;
-      c.Hq = D == 256 ? 4 : 14;
-      c.Hkv = D == 256 ? 1 : 2;
-      c.fused_qkv = D == 64;
-      c.prologue = true;
-      c.window = window;
-      c.max_write = 40;
-      c.capacity = 200;
-      cases.push_back(c);
-    }
+    for (int window : {0, 24}) cases.push_back(prologue_case(D, window, /*max_write=*/40, /*capacity=*/200));
   for (Case c : cases) {
     c.prefill = GetParam();
     Runner r(c);

@@ -28,6 +28,22 @@ Tensor cpu_tensor(const std::vector<float>& v, std::vector<int64_t> shape) {
   return Tensor::from_host(v.data(), std::move(shape), DType::F32, Device::CPU);
 }
 
+// Packed rows [T, (Hq + 2 Hkv) * hd] as three tensors: q [T, Hq, hd], k and v [T, Hkv, hd].
+struct SplitQkv {
+  Tensor q, k, v;
+};
+SplitQkv split_qkv(const std::vector<float>& row, int T, int Hq, int Hkv, int hd) {
+  const int W = (Hq + 2 * Hkv) * hd;
+  std::vector<float> q, k, v;
+  for (int t = 0; t < T; ++t) {
+    const float* r = row.data() + t * W;
+    q.insert(q.end(), r, r + Hq * hd);
+    k.insert(k.end(), r + Hq * hd, r + (Hq + Hkv) * hd);
+    v.insert(v.end(), r + (Hq + Hkv) * hd, r + W);
+  }
+  return {cpu_tensor(q, {T, Hq, hd}), cpu_tensor(k, {T, Hkv, hd}), cpu_tensor(v, {T, Hkv, hd})};
+}
+
 double rel_err(const std::vector<float>& got, const std::vector<double>& want) {
   double num = 0, den = 0;
   for (size_t i = 0; i < want.size(); ++i) {
@@ -180,15 +196,8 @@ TEST(FusedOps, AttentionPrologueEqualsExplicitNormAndRope) {
   for (int T : {3, 1, 1, 2, 1, 3, 1}) {
     Tensor pos = Tensor::from_host(&p, {1}, DType::I32, Device::CPU);
     auto row = random_vec(size_t(T) * W, rng, -2.f, 2.f);
-    std::vector<float> q, k, v;
-    for (int t = 0; t < T; ++t) {
-      const float* r = row.data() + t * W;
-      q.insert(q.end(), r, r + Hq * hd);
-      k.insert(k.end(), r + Hq * hd, r + (Hq + Hkv) * hd);
-      v.insert(v.end(), r + (Hq + Hkv) * hd, r + W);
-    }
-    Tensor qkv = cpu_tensor(row, {T, W}), qt = cpu_tensor(q, {T, Hq, hd}), kt = cpu_tensor(k, {T, Hkv, hd});
-    Tensor vt = cpu_tensor(v, {T, Hkv, hd});
+    Tensor qkv = cpu_tensor(row, {T, W});
+    auto [qt, kt, vt] = split_qkv(row, T, Hq, Hkv, hd);
     Tensor q_rows = qt.reshape({int64_t(T) * Hq, hd}), k_rows = kt.reshape({int64_t(T) * Hkv, hd});
     ops::rms_norm(s, q_rows, qn, q_rows, 1e-6f, true);
     ops::rms_norm(s, k_rows, kn, k_rows, 1e-6f, true);
@@ -225,15 +234,8 @@ TEST(FusedOps, PackedUpdateAndAttendEqualsSeparateTensors) {
   Tensor pos = Tensor::from_host(&p, {1}, DType::I32, Device::CPU);
   for (int T : {4, 1, 3, 1, 4, 1}) {
     auto row = random_vec(size_t(T) * W, rng);
-    std::vector<float> q, k, v;
-    for (int t = 0; t < T; ++t) {
-      const float* r = row.data() + t * W;
-      q.insert(q.end(), r, r + Hq * hd);
-      k.insert(k.end(), r + Hq * hd, r + (Hq + Hkv) * hd);
-      v.insert(v.end(), r + (Hq + Hkv) * hd, r + W);
-    }
-    Tensor qkv = cpu_tensor(row, {T, W}), qt = cpu_tensor(q, {T, Hq, hd}), kt = cpu_tensor(k, {T, Hkv, hd});
-    Tensor vt = cpu_tensor(v, {T, Hkv, hd});
+    Tensor qkv = cpu_tensor(row, {T, W});
+    auto [qt, kt, vt] = split_qkv(row, T, Hq, Hkv, hd);
     const CacheStep packed_step = packed_cache.begin_step(s, pos, T);
     const CacheStep split_step = split_cache.begin_step(s, pos, T);
     for (int l = 0; l < 2; ++l) {

@@ -14,11 +14,14 @@
 
 #include "kvgraph/error.h"
 #include "kvgraph/tokenizer.h"
+#include "support/errors.h"
 #include "tokenizer/unicode_norm.h"
 #include "tokenizer/utf8.h"
 
 namespace kvgraph {
 namespace {
+
+using kvgraph::testing::error_of;
 
 using nlohmann::json;
 using ::testing::ElementsAre;
@@ -104,17 +107,6 @@ json sentencepiece_json() {
 
 Tokenizer load(const json& j, const json& config = nullptr) {
   return Tokenizer::from_json(j.dump(), config.is_null() ? "" : config.dump());
-}
-
-// The message of the kvgraph::Error that `f` throws ("" if none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 bool valid_utf8(const std::string& s) { return tok::is_valid_utf8(s); }

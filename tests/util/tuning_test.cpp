@@ -33,8 +33,17 @@ TEST(Tuning, EveryKeyParses) {
   EXPECT_NE(Tuning::parse("prefill-attn=legacy"), Tuning{});
   EXPECT_EQ(Tuning::parse("prefill-attn=flash"), Tuning{});
   EXPECT_EQ(Tuning::parse("gemv=block2").gemv, Tuning::Gemv::block2);
-  EXPECT_EQ(Tuning::parse("mt=p8u1").multi, Tuning::Multi::p8u1);
   EXPECT_NE(Tuning::parse("gemv=block2"), Tuning{});
+}
+
+TEST(Tuning, EveryGemvAndMultiNameParsesToItsValue) {
+  using G = Tuning::Gemv;
+  using M = Tuning::Multi;
+  for (auto [name, g] : {std::pair{"auto", G::automatic}, {"block2", G::block2}, {"warp2", G::warp2}, {"warp4", G::warp4}})
+    EXPECT_EQ(Tuning::parse(std::string("gemv=") + name).gemv, g) << name;
+  for (auto [name, m] : {std::pair{"auto", M::automatic}, {"r8u2", M::r8u2}, {"r4u2", M::r4u2}, {"r8u1", M::r8u1},
+                         {"r4u4", M::r4u4}, {"p4u2", M::p4u2}, {"p2u4", M::p2u4}, {"p8u1", M::p8u1}})
+    EXPECT_EQ(Tuning::parse(std::string("mt=") + name).multi, m) << name;
 }
 
 TEST(Tuning, BadSpecsNameTheKeyAndValue) {
@@ -47,12 +56,13 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
       EXPECT_THAT(e.what(), HasSubstr(what)) << spec;
     }
   };
-  expect_error("gemv=fast", "gemv=fast");
+  expect_error("gemv=fast", "gemv=fast: expected auto, block2, warp2 or warp4");
   expect_error("attn-heads=3", "attn-heads=3");
   expect_error("attn-chunk=-1", "attn-chunk=-1");
   expect_error("attn-chunk=12x", "attn-chunk=12x");
   expect_error("pdl=maybe", "pdl=maybe");
-  expect_error("mt=r16u1", "mt=r16u1");
+  expect_error("mt=r16u1", "mt=r16u1: expected auto, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4 or p8u1");
+  expect_error("mt=", "mt=: expected auto");
   expect_error("prefill-attn=fast", "prefill-attn=fast");
   expect_error("colour=blue", "unknown key \"colour\"");
   expect_error("gemv", "expected key=value");

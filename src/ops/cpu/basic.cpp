@@ -32,6 +32,31 @@ void embed_rows(const W* table, int64_t V, const int32_t* ids, int T, int D, flo
   }
 }
 
+// out[t, n] (rows ldo apart) = dot(x[t], w[n]) for T tokens and n rows of K:
+// rows_product up to kRowsMaxT tokens, else BLAS.
+void product(const float* x, int T, const float* w, int n, int K, float* out, int ldo) {
+  if (T <= kRowsMaxT)
+    rows_product(x, T, w, n, K, out, ldo);
+  else
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, K, 1.0f, x, K, w, K, 0.0f, out, ldo);
+}
+
+// out [T, N] = x [T, K] @ W^T for a matrix stored in another format, widened
+// to f32 a panel of rows at a time by widen(n0, n, panel) (rows n0..n0+n-1).
+// Panels of about 64K weights (256 KB as f32, cache resident while the
+// product reads them).
+template <typename Widen>
+void panelled_product(const float* x, int T, int N, int K, float* out, Widen widen) {
+  const int rows = std::clamp((1 << 16) / std::max(K, 1), 1, N);
+  thread_local std::vector<float> panel;
+  panel.resize(static_cast<size_t>(rows) * K);
+  for (int n0 = 0; n0 < N; n0 += rows) {
+    const int n = std::min(rows, N - n0);
+    widen(n0, n, panel.data());
+    product(x, T, panel.data(), n, K, out + n0, N);
+  }
+}
+
 }  // namespace
 
 void embedding(const float* table, int64_t V, const int32_t* ids, int T, int D, float scale, float* out) {
@@ -54,30 +79,17 @@ void rms_norm(const float* x, const float* w, float* out, int64_t rows, int D, f
 }
 
 void linear(const float* x, const float* w, const float* bias, float* out, int T, int N, int K) {
-  if (T <= kRowsMaxT)
-    rows_product(x, T, w, N, K, out, N);
-  else
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, N, K, 1.0f, x, K, w, K, 0.0f, out, N);
+  product(x, T, w, N, K, out, N);
   if (bias)
     for (int t = 0; t < T; ++t)
       for (int n = 0; n < N; ++n) out[static_cast<int64_t>(t) * N + n] += bias[n];
 }
 
 void linear_bf16(const float* x, const uint16_t* w, const uint16_t* bias, float* out, int T, int N, int K) {
-  // Panels of about 64K weights (256 KB as f32, cache resident while the
-  // product reads them).
-  const int rows = std::clamp((1 << 16) / std::max(K, 1), 1, N);
-  thread_local std::vector<float> panel;
-  panel.resize(static_cast<size_t>(rows) * K);
-  for (int n0 = 0; n0 < N; n0 += rows) {
-    const int n = std::min(rows, N - n0);
+  panelled_product(x, T, N, K, out, [&](int n0, int n, float* panel) {
     const uint16_t* src = w + static_cast<int64_t>(n0) * K;
     for (int64_t i = 0; i < static_cast<int64_t>(n) * K; ++i) panel[i] = bf16_to_f32(src[i]);
-    if (T <= kRowsMaxT)
-      rows_product(x, T, panel.data(), n, K, out + n0, N);
-    else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, K, 1.0f, x, K, panel.data(), K, 0.0f, out + n0, N);
-  }
+  });
   if (bias)
     for (int t = 0; t < T; ++t)
       for (int n = 0; n < N; ++n) out[static_cast<int64_t>(t) * N + n] += bf16_to_f32(bias[n]);
@@ -102,17 +114,9 @@ void AffineRows::dequantize_row(int64_t n, int K, float* out) const {
 }
 
 void linear_affine(const float* x, const AffineRows& w, const void* bias, float* out, int T, int N, int K) {
-  const int rows = std::clamp((1 << 16) / std::max(K, 1), 1, N);  // panels as linear_bf16's
-  thread_local std::vector<float> panel;
-  panel.resize(static_cast<size_t>(rows) * K);
-  for (int n0 = 0; n0 < N; n0 += rows) {
-    const int n = std::min(rows, N - n0);
-    for (int r = 0; r < n; ++r) w.dequantize_row(n0 + r, K, panel.data() + static_cast<int64_t>(r) * K);
-    if (T <= kRowsMaxT)
-      rows_product(x, T, panel.data(), n, K, out + n0, N);
-    else
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, n, K, 1.0f, x, K, panel.data(), K, 0.0f, out + n0, N);
-  }
+  panelled_product(x, T, N, K, out, [&](int n0, int n, float* panel) {
+    for (int r = 0; r < n; ++r) w.dequantize_row(n0 + r, K, panel + static_cast<int64_t>(r) * K);
+  });
   if (bias)
     for (int t = 0; t < T; ++t)
       for (int n = 0; n < N; ++n)
