@@ -51,8 +51,8 @@ struct Sample {
   bool stream = false;
   std::string error;
   double latency_s = 0;  // request sent -> response complete
-  double ttft_s = -1;    // request sent -> first generated text (streams)
-  double decode_tok_s = -1;  // tokens after the first / time from first to last text (streams)
+  double ttft_s = -1;    // request sent -> the first token's event (streams)
+  double decode_tok_s = -1;  // tokens after the first / time from the first to the last token's event (streams)
   double decode_s = 0;       // that time
   double server_decode_tok_s = -1;  // the server's own timings.predicted_per_second (streams)
   int tokens = 0;
@@ -107,7 +107,16 @@ Sample run_one(httplib::Client& cli, const Options& o, int index, const std::vec
       while ((end = pending.find("\n\n")) != std::string::npos) {
         const std::string ev = pending.substr(0, end);
         pending.erase(0, end + 2);
-        if (ev.rfind("data: ", 0) != 0) continue;  // comments
+        // Every generated token is one event: a chunk with its text, or an
+        // SSE comment when it showed no text (half a character, a possible
+        // stop string). Both time the stream; timing text chunks alone
+        // overstated the rate when the first or last tokens showed nothing.
+        if (ev.rfind(":", 0) == 0) {
+          last = Clock::now();
+          if (first == Clock::time_point{}) first = last;
+          continue;
+        }
+        if (ev.rfind("data: ", 0) != 0) continue;
         const std::string d = ev.substr(6);
         if (d == "[DONE]") {
           done = true;
