@@ -4,7 +4,7 @@
 # build/cuda/kvgraph_gpu_tests, build/cuda/kvgraph_kernel_bench): GPU tests,
 # memcheck/racecheck, kernel reports, decode bench, and a
 # per-kernel profile of one eager decode step. Logs go to $OUT (or /tmp).
-#   bench/gpu_check.sh [tests] [memcheck] [racecheck] [kernels] [bench] [prefill] [peer] [profile:MODEL] [tune:K=V,K=V] ...
+#   bench/gpu_check.sh [tests] [memcheck] [racecheck] [kernels] [bench] [prefill] [staged] [peer] [profile:MODEL] [tune:K=V,K=V] ...
 set -uo pipefail
 OUT=${OUT:-/tmp}
 mkdir -p /work; [ -e /work/main ] || ln -s "$PWD" /work/main  # tests use the compiled-in source dir
@@ -49,6 +49,31 @@ for l in open(sys.argv[1]):
         r = json.loads(l)
         print(f\"{r['model']:<24} prompt {r['prompt']:>5} chunk {r['chunk']:>4} {r['tuning'].split('prefill-attn=')[1]:<7} \"
               f\"{r['prefill_tok_s']:>9.0f} tok/s  ttft {r['ttft_ms']:8.1f} ms\")" "$OUT/prefill.jsonl" ;;
+    staged)  # the staged decode attention (--tune attn=staged): its tests, racecheck of them, then decode at
+      # 512 / 8K / 32K keys (and 128K on the 8B shape) with and without it, JSON lines in $OUT/staged.jsonl
+      F='All/CudaAttentionFlat.*staged*:All/CudaAttentionRing.*:CudaAttention.StagedDecode*'
+      build/cuda/kvgraph_gpu_tests --gtest_brief=1 --gtest_filter="$F" > "$OUT/staged_tests.txt" 2>&1
+      echo "staged tests rc $?"; grep -E "^\[ *(FAILED|PASSED) |Failure" "$OUT/staged_tests.txt" | head -20
+      timeout 240 compute-sanitizer --tool racecheck --error-exitcode 7 build/cuda/kvgraph_gpu_tests --gtest_brief=1 \
+        --gtest_filter='All/CudaAttentionFlat.*D128*staged*:CudaAttention.StagedDecode*' > "$OUT/staged_racecheck.txt" 2>&1
+      echo "staged racecheck rc $?"; grep -E "RACECHECK SUMMARY|FAILED" "$OUT/staged_racecheck.txt" | head -3
+      : > "$OUT/staged.jsonl"
+      for run in "synthetic:llama3.1-8b,synthetic:llama3.2-1b,synthetic:gemma3-1b 512" \
+                 "synthetic:llama3.1-8b,synthetic:llama3.2-1b,synthetic:gemma3-1b 8192" \
+                 "synthetic:llama3.1-8b,synthetic:llama3.2-1b,synthetic:gemma3-1b 32768" "synthetic:llama3.1-8b 131072"; do
+        set -- $run
+        for t in fast staged; do
+          build/cuda/kvgraph bench --device cuda --quiet --json --models "$1" --prompt "$2" --chunk 512 --new-tokens 32 \
+            --tune attn=$t >> "$OUT/staged.jsonl" || echo "bench $run $t failed"
+        done
+      done
+      python3 -c "
+import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith('{'):
+        r = json.loads(l)
+        print(f\"{r['model']:<24} prompt {r['prompt']:>6} {r['tuning'].split(',')[1]:<12} decode {r['decode_ms_median']:7.3f} ms  \"
+              f\"of floor {r.get('fraction_of_floor') or 0:.3f}\")" "$OUT/staged.jsonl" ;;
     tune:*)  # the decode shapes under kernel tuning, e.g. tune:attn-chunk=64,attn-heads=2 or tune:gemv=warp4
       spec=${step#tune:}
       build/cuda/kvgraph bench --device cuda --quiet --tune "$spec" \

@@ -15,8 +15,12 @@ struct Tuning {
   // long rows (K >= 2048 bf16), a warp per row pair otherwise.
   enum class Gemv : uint8_t { automatic, block2, warp2, warp4 };
   Gemv gemv = Gemv::automatic;
-  // Decode (T == 1) attention through the T > 1 kernel, for comparison.
+  // Decode (T == 1) attention through the T > 1 kernel, for comparison
+  // (attn=legacy), or (attn=staged) through the decode kernel with its K/V
+  // tiles copied to shared memory by cp.async, coalesced and double
+  // buffered, over 16-bit pools (long spans; not yet run on a GPU).
   bool legacy_decode_attention = false;
+  bool staged_decode_attention = false;
   int attn_heads = 0;   // most query heads per decode block (1, 2, 4, 8); 0: by span
   int attn_chunk = 0;   // fewest keys per decode split; 0: from the head dim
   // Programmatic dependent launch on every CUDA kernel.
@@ -47,7 +51,8 @@ struct Tuning {
 
   // Spelled out: the CUDA sources, which include this, are C++17.
   bool operator==(const Tuning& o) const {
-    return gemv == o.gemv && legacy_decode_attention == o.legacy_decode_attention && attn_heads == o.attn_heads &&
+    return gemv == o.gemv && legacy_decode_attention == o.legacy_decode_attention &&
+           staged_decode_attention == o.staged_decode_attention && attn_heads == o.attn_heads &&
            attn_chunk == o.attn_chunk && programmatic_launch == o.programmatic_launch &&
            quantized_int8_x == o.quantized_int8_x && multi == o.multi && prefill_attn == o.prefill_attn;
   }
@@ -56,7 +61,7 @@ struct Tuning {
   // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
-  // auto|block2|warp2|warp4, attn fast|legacy, attn-heads 0|1|2|4|8,
+  // auto|block2|warp2|warp4, attn fast|staged|legacy, attn-heads 0|1|2|4|8,
   // attn-chunk N >= 0, pdl on|off, qx f32|int8, mt auto|r8u2|r4u2|r8u1|r4u4,
   // prefill-attn legacy|flash). Throws kvgraph::Error("[tuning] ...") on an
   // unknown key or value.

@@ -36,7 +36,8 @@ int parse_name(std::string_view key, std::string_view v, const std::string_view 
 
 std::string Tuning::describe() const {
   return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={},mt={},prefill-attn={}",
-                     kGemvNames[static_cast<int>(gemv)], legacy_decode_attention ? "legacy" : "fast",
+                     kGemvNames[static_cast<int>(gemv)],
+                     legacy_decode_attention ? "legacy" : staged_decode_attention ? "staged" : "fast",
                      count_str(attn_heads), count_str(attn_chunk), programmatic_launch ? "on" : "off",
                      quantized_int8_x ? "int8" : "f32", kMultiNames[static_cast<int>(multi)],
                      prefill_attn == PrefillAttn::flash ? "flash" : "legacy");
@@ -55,8 +56,9 @@ Tuning Tuning::parse(std::string_view spec) {
     if (key == "gemv") {
       t.gemv = static_cast<Gemv>(parse_name(key, v, kGemvNames));
     } else if (key == "attn") {
-      if (v != "fast" && v != "legacy") fail("tuning", "attn={}: expected fast or legacy", v);
+      if (v != "fast" && v != "legacy" && v != "staged") fail("tuning", "attn={}: expected fast, staged or legacy", v);
       t.legacy_decode_attention = v == "legacy";
+      t.staged_decode_attention = v == "staged";
     } else if (key == "attn-heads") {
       t.attn_heads = parse_count(key, v);
       if (t.attn_heads != 0 && t.attn_heads != 1 && t.attn_heads != 2 && t.attn_heads != 4 && t.attn_heads != 8)

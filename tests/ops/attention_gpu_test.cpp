@@ -45,6 +45,7 @@ struct Case {
   // Steps of T > kMaxDecodeQueries: attend_kernel (legacy) or the tensor-core
   // flash_attend_kernel (16-bit storage, head dim 64/128/256).
   Tuning::PrefillAttn prefill = Tuning::PrefillAttn::legacy;
+  bool staged = false;  // decode steps through the staged kernel (Tuning::staged_decode_attention)
 };
 
 // The prologue on the host, in f32 as the CPU backend does it: per-head
@@ -67,7 +68,7 @@ std::string describe(const Case& c) {
   return "Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) + " " +
          std::string(dtype_name(c.storage)) + (c.window ? " ring W=" + std::to_string(c.window) : " flat") +
          (c.softcap > 0 ? " softcap" : "") + (c.fused_qkv ? " fused" : "") + (c.prologue ? " prologue" : "") +
-         (c.prefill == Tuning::PrefillAttn::flash ? " prefill-attn=flash" : "");
+         (c.prefill == Tuning::PrefillAttn::flash ? " prefill-attn=flash" : "") + (c.staged ? " attn=staged" : "");
 }
 
 // The reference: full K/V history by absolute position, rounded like the pool.
@@ -128,6 +129,7 @@ class Runner {
         hist_{c.Hkv, c.D, c.storage, {}, {}} {
     Tuning t;
     t.prefill_attn = c.prefill;
+    t.staged_decode_attention = c.staged;
     ws_.tune(t);
     KVGRAPH_CUDA_CHECK(cudaMemset(k_pool_.data(), 0xff, k_pool_.bytes()));  // NaN everywhere
     KVGRAPH_CUDA_CHECK(cudaMemset(v_pool_.data(), 0xff, v_pool_.bytes()));
@@ -265,6 +267,7 @@ struct FlatParam {
   int D, Hq, Hkv;
   DType storage;
   Tuning::PrefillAttn prefill = Tuning::PrefillAttn::legacy;
+  bool staged = false;
 };
 
 class CudaAttentionFlat : public ::testing::TestWithParam<FlatParam> {};
@@ -279,6 +282,7 @@ TEST_P(CudaAttentionFlat, PrefillThenDecodeMatchesCpu) {
   c.storage = fp.storage;
   c.capacity = 128;
   c.prefill = fp.prefill;
+  c.staged = fp.staged;
   Runner r(c);
   uint32_t seed = 1;
   EXPECT_LT(r.step(37, seed++), tol_of(c)) << describe(c) << " prefill";
@@ -299,6 +303,10 @@ std::vector<FlatParam> flat_params() {
   for (int D : {64, 128, 256})
     for (auto [hq, hkv] : {std::pair{4, 4}, {4, 2}, {8, 2}, {14, 2}})
       for (DType s : {DType::BF16, DType::F16}) v.push_back({D, hq, hkv, s, Tuning::PrefillAttn::flash});
+  // Decode steps through the staged kernel (16-bit pools at those head dims).
+  for (int D : {64, 128, 256})
+    for (auto [hq, hkv] : {std::pair{4, 4}, {8, 2}, {14, 2}})
+      for (DType s : {DType::BF16, DType::F16}) v.push_back({D, hq, hkv, s, Tuning::PrefillAttn::flash, true});
   return v;
 }
 
@@ -306,7 +314,8 @@ INSTANTIATE_TEST_SUITE_P(All, CudaAttentionFlat, ::testing::ValuesIn(flat_params
                          [](const ::testing::TestParamInfo<FlatParam>& i) {
                            return "D" + std::to_string(i.param.D) + "_Hq" + std::to_string(i.param.Hq) + "_Hkv" +
                                   std::to_string(i.param.Hkv) + "_" + std::string(dtype_name(i.param.storage)) +
-                                  (i.param.prefill == Tuning::PrefillAttn::flash ? "_flash" : "");
+                                  (i.param.prefill == Tuning::PrefillAttn::flash ? "_flash" : "") +
+                                  (i.param.staged ? "_staged" : "");
                          });
 
 // ---------------------------------------------------------------- ring: many wraps, mixed step sizes
@@ -347,6 +356,11 @@ Case flash(Case c) {
   return c;
 }
 
+Case staged(Case c) {
+  c.staged = true;
+  return c;
+}
+
 INSTANTIATE_TEST_SUITE_P(All, CudaAttentionRing,
                          ::testing::Values(ring(64, 14, 2, DType::BF16, 16, 5),
                                            ring(128, 8, 2, DType::F16, 16, 5, 30.f, 4.f),
@@ -358,7 +372,13 @@ INSTANTIATE_TEST_SUITE_P(All, CudaAttentionRing,
                                            flash(ring(64, 14, 2, DType::BF16, 16, 40)),
                                            flash(ring(128, 8, 2, DType::F16, 24, 33, 30.f, 4.f)),
                                            flash(ring(256, 8, 4, DType::BF16, 12, 20)),
-                                           flash(ring(64, 7, 7, DType::F16, 70, 65))));
+                                           flash(ring(64, 7, 7, DType::F16, 70, 65)),
+                                           // decode steps (1..8 queries) through the staged kernel
+                                           staged(ring(64, 14, 2, DType::BF16, 16, 5)),
+                                           staged(ring(128, 8, 2, DType::F16, 16, 5, 30.f, 4.f)),
+                                           staged(ring(256, 8, 4, DType::BF16, 12, 4)),
+                                           staged(ring(64, 4, 1, DType::BF16, 5, 1)),
+                                           staged(flash(ring(128, 8, 2, DType::BF16, 300, 8)))));
 
 // ---------------------------------------------------------------- other shapes and features
 
@@ -436,15 +456,24 @@ TEST(CudaAttention, QkNormAndRopePrologueMatchesHostReference) {
 
 class CudaAttentionLong : public ::testing::TestWithParam<Tuning::PrefillAttn> {};
 
-TEST_P(CudaAttentionLong, FlatContextWithManySplits) {
-  SKIP_WITHOUT_GPU();
-  Case c;
-  c.D = 128;
-  c.Hq = 8;
-  c.Hkv = 2;
-  c.capacity = 8192;
+// A llama3.1-8b-like layer (head dim 128, GQA 4) over a long pool: flat of
+// 8192 slots or a ring of `window`, with many decode splits.
+Case long_span(int window = 0) {
+  Case c = window ? ring(128, 8, 2, DType::BF16, window, 512) : Case{};
+  if (!window) {
+    c.D = 128;
+    c.Hq = 8;
+    c.Hkv = 2;
+    c.capacity = 8192;
+  }
   c.max_splits = 64;
   c.min_chunk = 64;
+  return c;
+}
+
+TEST_P(CudaAttentionLong, FlatContextWithManySplits) {
+  SKIP_WITHOUT_GPU();
+  Case c = long_span();
   c.prefill = GetParam();
   Runner r(c);
   uint32_t seed = 1;
@@ -465,6 +494,24 @@ TEST_P(CudaAttentionLong, RingContextWrapsWithManySplits) {
   for (int chunk = 0; chunk < 10; ++chunk)
     ASSERT_LT(r.step(1024, seed++, {0, 700, 1023}), tol_of(c)) << "prefill chunk " << chunk;
   for (int i = 0; i < 32; ++i) ASSERT_LT(r.step(1, seed++), kTol) << "decode at " << r.length();
+}
+
+// The staged decode kernel over long spans: many tiles a split (64 keys a
+// tile at head dim 128), many splits, a flat pool and a ring that wrapped,
+// one-token steps and steps of 2..8 queries.
+TEST(CudaAttention, StagedDecodeOverLongFlatAndWrappedRingSpans) {
+  SKIP_WITHOUT_GPU();
+  for (int window : {0, 3000}) {
+    Case c = long_span(window);
+    c.prefill = Tuning::PrefillAttn::flash;
+    c.staged = true;
+    Runner r(c);
+    uint32_t seed = 1;
+    for (int chunk = 0; chunk < 13; ++chunk)
+      ASSERT_LT(r.step(512, seed++, {0, 511}), tol_of(c)) << describe(c) << " prefill chunk " << chunk;
+    for (int T : {1, 1, 3, 1, 8, 1, 5, 2, 1})
+      ASSERT_LT(r.step(T, seed++), kTol) << describe(c) << " step of " << T << " at " << r.length();
+  }
 }
 
 std::string prefill_name(const ::testing::TestParamInfo<Tuning::PrefillAttn>& i) {

@@ -33,6 +33,11 @@ TEST(Tuning, EveryKeyParses) {
   EXPECT_NE(Tuning::parse("prefill-attn=legacy"), Tuning{});
   EXPECT_EQ(Tuning::parse("prefill-attn=flash"), Tuning{});
   EXPECT_EQ(Tuning::parse("gemv=block2").gemv, Tuning::Gemv::block2);
+  const Tuning staged = Tuning::parse("attn=staged");
+  EXPECT_TRUE(staged.staged_decode_attention);
+  EXPECT_FALSE(staged.legacy_decode_attention);
+  EXPECT_EQ(Tuning::parse(staged.describe()), staged);
+  EXPECT_NE(staged, Tuning{});
   EXPECT_NE(Tuning::parse("gemv=block2"), Tuning{});
 }
 

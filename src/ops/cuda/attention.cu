@@ -222,8 +222,8 @@ __device__ void merge_splits(const AttnArgs<S>& a, unsigned* counter, int hq0, i
   const float* po[kPer];
   int gk[kPer];
   float O[kPer];
-#pragma unroll
   const int lgD = __ffs(D) - 1;  // D is a power of two
+#pragma unroll
   for (int k = 0; k < kPer; ++k) {
     const int i = min(int(threadIdx.x) + k * kThreads, n_out - 1);
     gk[k] = i >> lgD;
@@ -774,7 +774,26 @@ __device__ __forceinline__ float rounded(float x) {
   return detail::to_f32(detail::from_f32<S>(x));
 }
 
-template <typename S, int kMaxG, bool kMulti>
+// kStaged (Tuning::staged_decode_attention; 16-bit pools, head dim 64, 128 or
+// 256): the tile loop reads K and V from shared memory instead. Tiles of
+// kStagedBytes / D keys (128 / 64 / 32) are copied by cp.async, each warp's
+// copies coalesced (consecutive threads, consecutive 16-byte chunks of a
+// row), the next tile in flight while the current one computes (two
+// stages). Scores give each key kThreads / keys threads (1 / 2 / 4, 64
+// values each, reduced by shuffles); rows are padded by that many 16-byte
+// chunks and each thread walks its chunks rotated by its part, so a
+// quarter warp's 16-byte reads hit 8 different bank groups. Written
+// against the one-thread-a-row kernel's global loads (a warp's 16-byte load
+// touches 32 rows) and its serial load -> softmax -> P.V per tile, which
+// read K/V at 1.0-1.6 TB/s at 8K-128K keys on the H200.
+constexpr int kStagedBytes = 16384;  // bytes of K (and of V) a 16-bit tile holds, before padding
+
+__host__ __device__ constexpr int staged_keys(int D) { return kStagedBytes / 2 / D; }
+__host__ __device__ constexpr int staged_ld(int D) { return D + 8 * (kThreads / staged_keys(D)); }
+// Bytes of the two stages of K and V tiles (16-bit).
+__host__ __device__ constexpr size_t staged_tile_bytes(int D) { return size_t(4) * staged_keys(D) * staged_ld(D) * 2; }
+
+template <typename S, int kMaxG, bool kMulti, bool kStaged = false>
 __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   extern __shared__ __align__(16) float smem[];
   __shared__ float m_run[kMaxG], l_run[kMaxG], corr[kMaxG];
@@ -849,6 +868,139 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
 
+  // (2) of a tile of `keys` scores in sc: an online softmax per head, one
+  // warp per head; the probabilities replace the scores, corr[g] rescales
+  // the head's accumulators.
+  auto online_softmax = [&](int keys) {
+    for (int g = warp; g < Gz; g += kWarps) {
+      float mx = -INFINITY;
+      for (int i = lane; i < keys; i += 32) mx = fmaxf(mx, sc[g * kTile + i]);
+      mx = detail::warp_max(mx);
+      const float m_new = fmaxf(m_run[g], mx);  // finite: every tile has a visible key
+      float sum = 0.f;
+      for (int i = lane; i < keys; i += 32) {
+        const float pz = expf(sc[g * kTile + i] - m_new);  // exp(-inf) = 0 past the tile's end
+        sc[g * kTile + i] = pz;
+        sum += pz;
+      }
+      sum = detail::warp_sum(sum);
+      if (lane == 0) {
+        const float c = m_run[g] == -INFINITY ? 0.f : expf(m_run[g] - m_new);
+        corr[g] = c;
+        l_run[g] = l_run[g] * c + sum;
+        m_run[g] = m_new;
+      }
+    }
+  };
+  auto rescale = [&] {
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      const float c = g < Gz ? corr[g] : 0.f;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= c;
+    }
+  };
+  // (3) for key t0 + i of the tile, its V values vr (the fresh row from v_s).
+  auto accumulate_key = [&](int32_t t0, int i, const detail::Pack8<S>& vr) {
+    float vf[8];
+    if (t0 + i == p) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) vf[e] = v_s[e0 + e];
+    } else {
+      detail::unpack8(vr, vf);
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      const float pz = sc[g * kTile + i];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pz, vf[e], acc[g][e]);
+    }
+  };
+  // (1) dot[g] += q_g . the 8 K values at v of a key: `row` (pool or tile),
+  // or for the fresh key the new row as stored (k_s rounded to S).
+  auto dot_chunk = [&](float (&dot)[kMaxG], bool fresh, const S* row, int v) {
+    float kf[8];
+    if (fresh) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) kf[e] = rounded<S>(k_s[v + e]);
+    } else {
+      detail::unpack8(detail::load8(row + v), kf);
+    }
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) dot[g] = dot8(q_s + g * D + v, kf, dot[g]);
+  };
+  // (1) the scores of key i of a tile of n (scale, softcap; -inf past n).
+  auto put_scores = [&](const float (&dot)[kMaxG], int i, int n) {
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      float x = dot[g] * a.scale;
+      if (a.softcap > 0.f) x = kvgraph::softcap(x, a.softcap);
+      sc[g * kTile + i] = i < n ? x : -INFINITY;
+    }
+  };
+
+  if constexpr (kStaged) {
+    const int BK = staged_keys(D), TPK = kThreads / BK, LD = staged_ld(D);
+    const int lgCH = __ffs(D / 8) - 1;  // 16-byte chunks a row, a power of two
+    S* ktile = reinterpret_cast<S*>(red + nKG * kMaxG * D);  // [2, BK, LD]
+    S* vtile = ktile + 2 * BK * LD;                           // [2, BK, LD]
+    const int n_tiles = (c1 - c0 + BK - 1) / BK;
+    // K and V rows of tile `it` into stage it % 2 (zeros past c1), one group.
+    auto load_tile = [&](int it) {
+      const int32_t j0 = c0 + it * BK;
+      S* ks = ktile + (it & 1) * BK * LD;
+      S* vs = vtile + (it & 1) * BK * LD;
+#pragma unroll
+      for (int k = 0; k < kStagedBytes / 2 / 8 / kThreads; ++k) {  // BK * D / 8 chunks, 8 a thread
+        const int i = threadIdx.x + k * kThreads;
+        const int r = i >> lgCH, c = i & ((1 << lgCH) - 1);
+        const int32_t j = j0 + r;
+        const bool valid = j < c1;
+        const size_t off = valid ? size_t(slot_of(a.rule, j)) * D + c * 8 : 0;
+        cp_async16(smem_addr(ks + r * LD + c * 8), kp + off, valid);
+        cp_async16(smem_addr(vs + r * LD + c * 8), vp + off, valid);
+      }
+      cp_async_commit();
+    };
+    load_tile(0);
+    const int key = threadIdx.x / TPK, part = threadIdx.x % TPK;  // scores: the key and its 64 values
+    for (int it = 0; it < n_tiles; ++it) {
+      if (it + 1 < n_tiles) {
+        load_tile(it + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
+      }
+      __syncthreads();
+      const int32_t t0 = c0 + it * BK;
+      const int n = min(BK, c1 - t0);
+      const S* ks = ktile + (it & 1) * BK * LD;
+      const S* vs = vtile + (it & 1) * BK * LD;
+      // (1) Scores: TPK adjacent threads a key, 8 chunks each, then shuffles.
+      {
+        const int32_t j = t0 + key;
+        const bool fresh = j == p;  // the new row as stored, from k_s: the pool row may be in flight
+        float dot[kMaxG];
+#pragma unroll
+        for (int g = 0; g < kMaxG; ++g) dot[g] = 0.f;
+        if (key < n) {
+#pragma unroll
+          for (int k = 0; k < 8; ++k) dot_chunk(dot, fresh, ks + key * LD, (part * 8 + ((k + part) & 7)) * 8);
+        }
+        for (int o = 1; o < TPK; o <<= 1)
+#pragma unroll
+          for (int g = 0; g < kMaxG; ++g) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], o);
+        if (part == 0) put_scores(dot, key, n);
+      }
+      __syncthreads();
+      online_softmax(BK);
+      __syncthreads();
+      rescale();
+      for (int i = kg; i < n; i += nKG)
+        accumulate_key(t0, i, detail::load8(vs + i * LD + e0));
+      __syncthreads();  // the next load overwrites this stage; sc and corr are rewritten
+    }
+  } else {
   // V rows of the first kPre keys a thread accumulates in (3), loaded before
   // the scores so their latency hides behind (1) and (2). The fresh row (j ==
   // p) is never read from the pool: another block may be writing it.
@@ -873,71 +1025,17 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
         const bool fresh = j == p;
         const S* kr = kp + size_t(slot_of(a.rule, j)) * D;
 #pragma unroll 8
-        for (int v = 0; v < D; v += 8) {
-          float kf[8];
-          if (fresh) {  // the new row as stored: rounded to the storage type
-#pragma unroll
-            for (int e = 0; e < 8; ++e) kf[e] = rounded<S>(k_s[v + e]);
-          } else {
-            detail::unpack8(detail::load8(kr + v), kf);
-          }
-#pragma unroll
-          for (int g = 0; g < kMaxG; ++g) {
-            dot[g] = dot8(q_s + g * D + v, kf, dot[g]);
-          }
-        }
+        for (int v = 0; v < D; v += 8) dot_chunk(dot, fresh, kr, v);
       }
-#pragma unroll
-      for (int g = 0; g < kMaxG; ++g) {
-        float x = dot[g] * a.scale;
-        if (a.softcap > 0.f) x = kvgraph::softcap(x, a.softcap);
-        sc[g * kTile + i] = i < n ? x : -INFINITY;
-      }
+      put_scores(dot, i, n);
     }
     __syncthreads();
     // (2) Online softmax, one warp per head.
-    for (int g = warp; g < Gz; g += kWarps) {
-      float mx = -INFINITY;
-      for (int i = lane; i < kTile; i += 32) mx = fmaxf(mx, sc[g * kTile + i]);
-      mx = detail::warp_max(mx);
-      const float m_new = fmaxf(m_run[g], mx);  // finite: every tile has a visible key
-      float sum = 0.f;
-      for (int i = lane; i < kTile; i += 32) {
-        const float pz = expf(sc[g * kTile + i] - m_new);  // exp(-inf) = 0 past the tile's end
-        sc[g * kTile + i] = pz;
-        sum += pz;
-      }
-      sum = detail::warp_sum(sum);
-      if (lane == 0) {
-        const float c = m_run[g] == -INFINITY ? 0.f : expf(m_run[g] - m_new);
-        corr[g] = c;
-        l_run[g] = l_run[g] * c + sum;
-        m_run[g] = m_new;
-      }
-    }
+    online_softmax(kTile);
     __syncthreads();
     // (3) P.V: thread (kg, slice) accumulates keys kg, kg + nKG, ... of the tile.
-#pragma unroll
-    for (int g = 0; g < kMaxG; ++g) {
-      const float c = g < Gz ? corr[g] : 0.f;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] *= c;
-    }
-    auto accumulate = [&](int i, const detail::Pack8<S>& vr) {
-      float vf[8];
-      if (t0 + i == p) {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) vf[e] = v_s[e0 + e];
-      } else {
-        detail::unpack8(vr, vf);
-      }
-#pragma unroll
-      for (int g = 0; g < kMaxG; ++g) {
-        const float pz = sc[g * kTile + i];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[g][e] = fmaf(pz, vf[e], acc[g][e]);
-      }
-    };
+    rescale();
+    auto accumulate = [&](int i, const detail::Pack8<S>& vr) { accumulate_key(t0, i, vr); };
 #pragma unroll
     for (int m = 0; m < kPre; ++m)
       if (kg + m * nKG < n) accumulate(kg + m * nKG, vpre[m]);
@@ -947,6 +1045,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
       accumulate(i, j == p ? pack8_zero<S>() : detail::load8(vp + size_t(slot_of(a.rule, j)) * D + e0));
     }
     __syncthreads();  // sc and corr are rewritten by the next tile
+  }
   }
 
   // Sum the key groups (fixed order), then finish or leave a partial.
@@ -1528,26 +1627,62 @@ AttnArgs<S> make_args(const AttentionParams& p) {
 // Several queries (a.T <= kMaxDecodeQueries): the one-token grid once per
 // query, with the one-token kernel's split count (what makes each query's
 // sums those of a decode step), partials in rows t * Hq + hq.
-template <typename S, int kMaxG>
-void launch_decode(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
-  const int nKG = kThreads / (a.D / 8);
-  const size_t smem =
-      (size_t(kMaxG) * a.D + 4 * a.D + a.D / 2 + size_t(kMaxG) * kTile + size_t(nKG) * kMaxG * a.D) * sizeof(float);
+template <typename S>
+constexpr bool is_16bit = std::is_same_v<S, detail::bf16> || std::is_same_v<S, detail::f16>;
+
+// flash_attend_kernel's head dims (and the staged decode kernel's).
+bool flash_head_dim(int D) { return D == 64 || D == 128 || D == 256; }
+
+// Dynamic shared memory of decode_kernel at head dim D (kStaged: plus the tiles).
+template <int kMaxG>
+size_t decode_smem(int D, bool staged) {
+  const int nKG = kThreads / (D / 8);
+  return (size_t(kMaxG) * D + 4 * D + D / 2 + size_t(kMaxG) * kTile + size_t(nKG) * kMaxG * D) * sizeof(float) +
+         (staged ? staged_tile_bytes(D) : 0);
+}
+
+template <typename S, int kMaxG, bool kStaged>
+void launch_decode_as(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
+  if constexpr (kStaged) {  // above 48 KB: opt in once, for the most any head dim needs
+    static const bool opted_in = [] {
+      const int most = int(std::max({decode_smem<kMaxG>(64, true), decode_smem<kMaxG>(128, true),
+                                     decode_smem<kMaxG>(256, true)}));
+      KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<S, kMaxG, false, true>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+      KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<S, kMaxG, true, true>,
+                                              cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+      return true;
+    }();
+    (void)opted_in;
+  }
+  const size_t smem = decode_smem<kMaxG>(a.D, kStaged);
   int per_sm = 0;
   KVGRAPH_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<S, kMaxG, false>, kThreads, smem));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<S, kMaxG, false, kStaged>, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
   const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
   if (a.T == 1) {
-    launch(decode_kernel<S, kMaxG, false>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, a);
+    launch(decode_kernel<S, kMaxG, false, kStaged>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem,
+           stream, a);
     return;
   }
   a.ws_splits = splits;  // rows of `splits` partials: T queries fit where one-token steps use max_splits
   if (size_t(a.T) * a.Hq * splits * a.D > ws.partial_out_floats() || a.T * pairs > ws.counter_count())
     fail_op("attention", "a step of " + std::to_string(a.T) + " queries needs more split-KV scratch than the "
                          "workspace holds (" + std::to_string(a.Hq) + " heads of dim " + std::to_string(a.D) + ")");
-  launch(decode_kernel<S, kMaxG, true>, dim3(static_cast<unsigned>(a.T * pairs), splits), dim3(kThreads), smem, stream,
-         a);
+  launch(decode_kernel<S, kMaxG, true, kStaged>, dim3(static_cast<unsigned>(a.T * pairs), splits), dim3(kThreads), smem,
+         stream, a);
+}
+
+template <typename S, int kMaxG>
+void launch_decode(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
+  if constexpr (is_16bit<S>) {
+    if (ws.tuning().staged_decode_attention && flash_head_dim(a.D)) {
+      launch_decode_as<S, kMaxG, true>(a, max_splits, ws, stream);
+      return;
+    }
+  }
+  launch_decode_as<S, kMaxG, false>(a, max_splits, ws, stream);
 }
 
 // Fewest keys a decode split takes. Automatic (workspace min_chunk 0): about
@@ -1576,12 +1711,6 @@ void launch_attend(AttnArgs<S> a, int splits, Launch stream) {
   const int64_t nx = int64_t(a.T) * a.zgroups * a.Hkv;
   launch(attend_kernel<S, kMaxG>, dim3(static_cast<unsigned>(nx), splits), dim3(kThreads), smem, stream, a);
 }
-
-template <typename S>
-constexpr bool is_16bit = std::is_same_v<S, detail::bf16> || std::is_same_v<S, detail::f16>;
-
-// flash_attend_kernel's head dims.
-bool flash_head_dim(int D) { return D == 64 || D == 128 || D == 256; }
 
 // Grid: (query head, tile of kFlashBQ queries). Above 48 KB of shared memory
 // (head dim 128 and 256) the kernel opts in once.

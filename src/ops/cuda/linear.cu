@@ -188,6 +188,44 @@ __device__ __forceinline__ void finish_rows(const GemvArgs<W>& a, int t, int n0,
   for (int r = 0; r < kRows; r += 2) gemv_epilogue(a, t, n0 + r, acc[r], acc[r + 1]);
 }
 
+// The weight rows n0 .. n0 + kRows - 1 of a group (rows past N read row 0 and
+// are never stored), and zeroed accumulators for kT tokens.
+template <typename W, int kRows, int kT>
+struct GemvRows {
+  const uint4* wr[kRows];
+  bool ok[kRows];
+  float acc[kT][kRows], ss[kT];
+  __device__ __forceinline__ GemvRows(const GemvArgs<W>& a, int n0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      ok[r] = n0 + r < a.N;
+      wr[r] = reinterpret_cast<const uint4*>(a.w + size_t(ok[r] ? n0 + r : 0) * a.K);
+    }
+#pragma unroll
+    for (int t = 0; t < kT; ++t) {
+      ss[t] = 0.f;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[t][r] = 0.f;
+    }
+  }
+  // Token t's FMAs for weight vector vi of every row (wv[r]: its 16 bytes),
+  // with the norm prologue's h = x * g and sum of squares when kNorm.
+  template <bool kNorm>
+  __device__ __forceinline__ void token(const GemvArgs<W>& a, int t, int vi, const uint4* wv, int stride) {
+    constexpr int kVE = 16 / sizeof(W);
+    const float* xt = a.x + size_t(t) * a.K + size_t(vi) * kVE;
+    if constexpr (kNorm) {
+      float h[kVE];
+      ss[t] = load_normed(xt, a.norm + size_t(vi) * kVE, a.norm_add, h, ss[t]);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[t][r] = dot16_h(wv[r * stride], h, acc[t][r], W{});
+    } else {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[t][r] = dot16(wv[r * stride], xt, acc[t][r], W{});
+    }
+  }
+};
+
 // GEMV with 16-byte weight loads. A group of kTPR threads (a warp, or the
 // whole block) computes kRows adjacent rows; thread i of a group reads
 // vectors i, i + kTPR, ... of its rows, kUnroll iterations of loads issued
@@ -210,23 +248,10 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
   const int n0 = (blockIdx.x * kGroups + group) * kRows;
   const int nvec = a.K / kVE;
   const int T = kT == 1 ? 1 : a.T;
-  const uint4* wr[kRows];
-  bool ok[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    ok[r] = n0 + r < a.N;
-    wr[r] = reinterpret_cast<const uint4*>(a.w + size_t(ok[r] ? n0 + r : 0) * a.K);
-  }
+  GemvRows<W, kRows, kT> g(a, n0);
   const uint64_t pol = evict_first_policy();
   detail::griddep_launch_dependents();
 
-  float acc[kT][kRows], ss[kT];
-#pragma unroll
-  for (int t = 0; t < kT; ++t) {
-    ss[t] = 0.f;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[t][r] = 0.f;
-  }
   bool waited = false;
   for (int base = 0; base < nvec; base += kTPR * kUnroll) {
     uint4 wv[kRows][kUnroll];
@@ -235,7 +260,7 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
       const int vi = base + u * kTPR + tig;
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        wv[r][u] = (ok[r] && vi < nvec) ? ld_weights(wr[r] + vi, pol) : make_uint4(0, 0, 0, 0);
+        wv[r][u] = (g.ok[r] && vi < nvec) ? ld_weights(g.wr[r] + vi, pol) : make_uint4(0, 0, 0, 0);
     }
     if (!waited) {
       detail::griddep_wait();
@@ -248,16 +273,7 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
 #pragma unroll
         for (int t = 0; t < kT; ++t) {
           if (t >= T) break;
-          const float* xt = a.x + size_t(t) * a.K + size_t(vi) * kVE;
-          if constexpr (kNorm) {
-            float h[kVE];
-            ss[t] = load_normed(xt, a.norm + size_t(vi) * kVE, a.norm_add, h, ss[t]);
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) acc[t][r] = dot16_h(wv[r][u], h, acc[t][r], W{});
-          } else {
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) acc[t][r] = dot16(wv[r][u], xt, acc[t][r], W{});
-          }
+          g.template token<kNorm>(a, t, vi, &wv[0][u], kUnroll);
         }
       }
     }
@@ -267,7 +283,7 @@ __global__ void __launch_bounds__(kBlock) gemv_kernel(GemvArgs<W> a) {
 #pragma unroll
   for (int t = 0; t < kT; ++t) {
     if (t >= T) break;
-    finish_rows<W, kTPR, kNorm, kRows, kT>(a, t, n0, group, tig, acc[t], ss[t]);
+    finish_rows<W, kTPR, kNorm, kRows, kT>(a, t, n0, group, tig, g.acc[t], g.ss[t]);
   }
 }
 
@@ -323,30 +339,19 @@ __global__ void __launch_bounds__(kBlock) gemv_tokens_kernel(GemvArgs<W> a) {
   const int tig = threadIdx.x;
   const int n0 = blockIdx.x * kRows;
   const int nvec = a.K / kVE;
-  const uint4* wr[kRows];
-  bool ok[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    ok[r] = n0 + r < a.N;
-    wr[r] = reinterpret_cast<const uint4*>(a.w + size_t(ok[r] ? n0 + r : 0) * a.K);
-  }
+  GemvRows<W, kRows, kT> g(a, n0);
+  float (&acc)[kT][kRows] = g.acc;
+  float (&ss)[kT] = g.ss;
   const uint64_t pol = evict_first_policy();
   detail::griddep_launch_dependents();
 
-  float acc[kT][kRows], ss[kT];
-#pragma unroll
-  for (int t = 0; t < kT; ++t) {
-    ss[t] = 0.f;
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[t][r] = 0.f;
-  }
   auto load = [&](uint4 (&wv)[kRows][kUnroll], int base) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = base + u * kBlock + tig;
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        wv[r][u] = (ok[r] && vi < nvec) ? ld_weights(wr[r] + vi, pol) : make_uint4(0, 0, 0, 0);
+        wv[r][u] = (g.ok[r] && vi < nvec) ? ld_weights(g.wr[r] + vi, pol) : make_uint4(0, 0, 0, 0);
     }
   };
   auto compute = [&](const uint4 (&wv)[kRows][kUnroll], int base) {
@@ -355,18 +360,7 @@ __global__ void __launch_bounds__(kBlock) gemv_tokens_kernel(GemvArgs<W> a) {
       const int vi = base + u * kBlock + tig;
       if (vi >= nvec) break;
 #pragma unroll
-      for (int t = 0; t < kT; ++t) {
-        const float* xt = a.x + size_t(t) * a.K + size_t(vi) * kVE;
-        if constexpr (kNorm) {
-          float h[kVE];
-          ss[t] = load_normed(xt, a.norm + size_t(vi) * kVE, a.norm_add, h, ss[t]);
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) acc[t][r] = dot16_h(wv[r][u], h, acc[t][r], W{});
-        } else {
-#pragma unroll
-          for (int r = 0; r < kRows; ++r) acc[t][r] = dot16(wv[r][u], xt, acc[t][r], W{});
-        }
-      }
+      for (int t = 0; t < kT; ++t) g.template token<kNorm>(a, t, vi, &wv[0][u], kUnroll);
     }
   };
   uint4 wa[kRows][kUnroll], wb[kRows][kUnroll];
