@@ -769,6 +769,32 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attend_kernel(AttnArgs<S>
 // runs in a fixed order, so results are deterministic.
 constexpr int kTile = kThreads;
 
+// (2) of a decode tile: an online softmax over `keys` scores per head in sc
+// [heads, kTile], one warp per head (Gz heads); the probabilities replace the
+// scores, and corr[g] is what head g's accumulators are rescaled by.
+__device__ __forceinline__ void tile_softmax(float* sc, float* m_run, float* l_run, float* corr, int Gz, int keys) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int g = warp; g < Gz; g += kWarps) {
+    float mx = -INFINITY;
+    for (int i = lane; i < keys; i += 32) mx = fmaxf(mx, sc[g * kTile + i]);
+    mx = detail::warp_max(mx);
+    const float m_new = fmaxf(m_run[g], mx);  // finite: every tile has a visible key
+    float sum = 0.f;
+    for (int i = lane; i < keys; i += 32) {
+      const float pz = expf(sc[g * kTile + i] - m_new);  // exp(-inf) = 0 past the tile's end
+      sc[g * kTile + i] = pz;
+      sum += pz;
+    }
+    sum = detail::warp_sum(sum);
+    if (lane == 0) {
+      const float c = m_run[g] == -INFINITY ? 0.f : expf(m_run[g] - m_new);
+      corr[g] = c;
+      l_run[g] = l_run[g] * c + sum;
+      m_run[g] = m_new;
+    }
+  }
+}
+
 template <typename S>
 __device__ __forceinline__ float rounded(float x) {
   return detail::to_f32(detail::from_f32<S>(x));
@@ -860,7 +886,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
                   a.norm_plus_one, a.inv_freq ? if_s : nullptr, p);
   if (!kMulti && split == 0 && zg == 0) store_row(a, h, p, k_s, v_s);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
   float acc[kMaxG][8];
 #pragma unroll
@@ -868,30 +893,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
 
-  // (2) of a tile of `keys` scores in sc: an online softmax per head, one
-  // warp per head; the probabilities replace the scores, corr[g] rescales
-  // the head's accumulators.
-  auto online_softmax = [&](int keys) {
-    for (int g = warp; g < Gz; g += kWarps) {
-      float mx = -INFINITY;
-      for (int i = lane; i < keys; i += 32) mx = fmaxf(mx, sc[g * kTile + i]);
-      mx = detail::warp_max(mx);
-      const float m_new = fmaxf(m_run[g], mx);  // finite: every tile has a visible key
-      float sum = 0.f;
-      for (int i = lane; i < keys; i += 32) {
-        const float pz = expf(sc[g * kTile + i] - m_new);  // exp(-inf) = 0 past the tile's end
-        sc[g * kTile + i] = pz;
-        sum += pz;
-      }
-      sum = detail::warp_sum(sum);
-      if (lane == 0) {
-        const float c = m_run[g] == -INFINITY ? 0.f : expf(m_run[g] - m_new);
-        corr[g] = c;
-        l_run[g] = l_run[g] * c + sum;
-        m_run[g] = m_new;
-      }
-    }
-  };
   auto rescale = [&] {
 #pragma unroll
     for (int g = 0; g < kMaxG; ++g) {
@@ -993,7 +994,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
         if (part == 0) put_scores(dot, key, n);
       }
       __syncthreads();
-      online_softmax(BK);
+      tile_softmax(sc, m_run, l_run, corr, Gz, BK);
       __syncthreads();
       rescale();
       for (int i = kg; i < n; i += nKG)
@@ -1031,7 +1032,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
     }
     __syncthreads();
     // (2) Online softmax, one warp per head.
-    online_softmax(kTile);
+    tile_softmax(sc, m_run, l_run, corr, Gz, kTile);
     __syncthreads();
     // (3) P.V: thread (kg, slice) accumulates keys kg, kg + nKG, ... of the tile.
     rescale();
@@ -1404,7 +1405,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
     __syncthreads();
   }
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
   const int vgi = VT::kAffine ? e0 / a.v_group : 0;  // this thread's V group
   float acc[kMaxG][8], accb[kMaxG];
@@ -1480,25 +1480,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
     }
     __syncthreads();
     // (2) Online softmax, one warp per head.
-    for (int g = warp; g < Gz; g += kWarps) {
-      float mx = -INFINITY;
-      for (int i = lane; i < kTile; i += 32) mx = fmaxf(mx, sc[g * kTile + i]);
-      mx = detail::warp_max(mx);
-      const float m_new = fmaxf(m_run[g], mx);
-      float sum = 0.f;
-      for (int i = lane; i < kTile; i += 32) {
-        const float pz = expf(sc[g * kTile + i] - m_new);
-        sc[g * kTile + i] = pz;
-        sum += pz;
-      }
-      sum = detail::warp_sum(sum);
-      if (lane == 0) {
-        const float c = m_run[g] == -INFINITY ? 0.f : expf(m_run[g] - m_new);
-        corr[g] = c;
-        l_run[g] = l_run[g] * c + sum;
-        m_run[g] = m_new;
-      }
-    }
+    tile_softmax(sc, m_run, l_run, corr, Gz, kTile);
     __syncthreads();
     // (3) P.V: (p * scale) * code, and p * bias per group on the side.
 #pragma unroll
