@@ -515,6 +515,19 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// Two stages of tiles: tile it + 1's copies go out (load_tile commits them),
+// then the block waits for tile it's.
+template <typename F>
+__device__ __forceinline__ void pipeline_next(int it, int n_tiles, F&& load_tile) {
+  if (it + 1 < n_tiles) {
+    load_tile(it + 1);
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+  __syncthreads();
+}
+
 template <typename S, int D>
 __global__ void __launch_bounds__(kFlashThreads) flash_attend_kernel(AttnArgs<S> a) {
   using Sh = FlashShape<D>;
@@ -653,13 +666,7 @@ __global__ void __launch_bounds__(kFlashThreads) flash_attend_kernel(AttnArgs<S>
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
 
   for (int it = 0; it < n_tiles; ++it) {
-    if (it + 1 < n_tiles) {
-      load_tile(it + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
+    pipeline_next(it, n_tiles, load_tile);
     const int32_t j0 = kv_lo + it * BKV;
     // Warp-uniform: skip tiles no row of this warp sees.
     if (warp_live && j0 <= w_hi && j0 + BKV - 1 >= w_first) {
@@ -966,13 +973,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
     load_tile(0);
     const int key = threadIdx.x / TPK, part = threadIdx.x % TPK;  // scores: the key and its 64 values
     for (int it = 0; it < n_tiles; ++it) {
-      if (it + 1 < n_tiles) {
-        load_tile(it + 1);
-        cp_async_wait<1>();
-      } else {
-        cp_async_wait<0>();
-      }
-      __syncthreads();
+      pipeline_next(it, n_tiles, load_tile);
       const int32_t t0 = c0 + it * BK;
       const int n = min(BK, c1 - t0);
       const S* ks = ktile + (it & 1) * BK * LD;
