@@ -193,7 +193,11 @@ RopeConfig parse_rope_dict(const Reader& r, const json& d, const std::string& wh
     rope.factor = static_cast<float>(num("factor", std::nullopt));
     rope.low_freq_factor = static_cast<float>(num("low_freq_factor", std::nullopt));
     rope.high_freq_factor = static_cast<float>(num("high_freq_factor", std::nullopt));
-    double ocl = num("original_max_position_embeddings", max_position_embeddings);
+    const double ocl = num("original_max_position_embeddings", max_position_embeddings);
+    // A positive integer an int holds (the cast of anything else is undefined).
+    if (!(ocl >= 1.0 && ocl <= double(INT32_MAX)) || ocl != std::floor(ocl))
+      fail("config", "{}: {}.original_max_position_embeddings must be a positive integer, found {}", r.source(), where,
+           show(json(ocl)));
     rope.original_max_position_embeddings = static_cast<int>(ocl);
     if (!(rope.factor > 0.0f) || !(rope.low_freq_factor > 0.0f) ||
         !(rope.high_freq_factor > rope.low_freq_factor) || rope.original_max_position_embeddings <= 0) {

@@ -156,6 +156,26 @@ TEST(FuzzRegressions, NumberBeyondDoubleRangeIsAnErrorInConfig) {
   }
 }
 
+// model_config fuzzer, 2026-12-03: a llama3 rope_scaling whose
+// original_max_position_embeddings (a JSON number) was past INT32_MAX was
+// cast to int (undefined behaviour, UBSan); now it must be a positive
+// integer an int holds.
+TEST(FuzzRegressions, Llama3OriginalMaxPositionEmbeddingsOutOfIntRangeIsAnError) {
+  for (const char* value : {"9223372036854775807", "8.9e22", "0", "-5", "2048.5"}) {
+    const std::string text =
+        std::string(R"({"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 1, )") +
+        R"("intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 512, "rope_scaling": )" +
+        R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, )" +
+        R"("original_max_position_embeddings": )" + value + "}}";
+    try {
+      (void)parse_model_config(text);
+      FAIL() << value << ": no error";
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr("original_max_position_embeddings must be a positive integer")) << value;
+    }
+  }
+}
+
 TEST(FuzzRegressions, NumberBeyondDoubleRangeIsAnErrorInTokenizerJson) {
   try {
     (void)Tokenizer::from_json(R"({"model": {"type": "BPE", "dropout": -1e999, "vocab": {}, "merges": []}})");
