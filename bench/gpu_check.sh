@@ -8,6 +8,12 @@
 set -uo pipefail
 OUT=${OUT:-/tmp}
 mkdir -p /work; [ -e /work/main ] || ln -s "$PWD" /work/main  # tests use the compiled-in source dir
+# One line per JSON row of FILE (bench --json), formatted by the f-string FMT over the row r.
+jsonl_table() {
+  python3 -c "import json, sys
+for l in open(sys.argv[1]):
+    if l.startswith('{'): print(eval('f' + repr(sys.argv[2]), {'r': json.loads(l)}))" "$1" "$2"
+}
 MODELS=synthetic:qwen2.5-0.5b,synthetic:llama3.2-1b,synthetic:llama3.1-8b,synthetic:gemma3-1b,synthetic:mistral-7b
 for step in "$@"; do
   case $step in
@@ -42,13 +48,8 @@ for step in "$@"; do
             --prompt "$1" --chunk "$2" --new-tokens 16 --tune prefill-attn=$t >> "$OUT/prefill.jsonl" || echo "bench $run $t failed"
         done
       done
-      python3 -c "
-import json, sys
-for l in open(sys.argv[1]):
-    if l.startswith('{'):
-        r = json.loads(l)
-        print(f\"{r['model']:<24} prompt {r['prompt']:>5} chunk {r['chunk']:>4} {r['tuning'].split('prefill-attn=')[1]:<7} \"
-              f\"{r['prefill_tok_s']:>9.0f} tok/s  ttft {r['ttft_ms']:8.1f} ms\")" "$OUT/prefill.jsonl" ;;
+      jsonl_table "$OUT/prefill.jsonl" "{r['model']:<24} prompt {r['prompt']:>5} chunk {r['chunk']:>4} \
+{r['tuning'].split('prefill-attn=')[1]:<7} {r['prefill_tok_s']:>9.0f} tok/s  ttft {r['ttft_ms']:8.1f} ms" ;;
     staged)  # the staged decode attention (--tune attn=staged): its tests, racecheck of them, then decode at
       # 512 / 8K / 32K keys (and 128K on the 8B shape) with and without it, JSON lines in $OUT/staged.jsonl
       F='All/CudaAttentionFlat.*staged*:All/CudaAttentionRing.*:CudaAttention.StagedDecode*'
@@ -67,13 +68,8 @@ for l in open(sys.argv[1]):
             --tune attn=$t >> "$OUT/staged.jsonl" || echo "bench $run $t failed"
         done
       done
-      python3 -c "
-import json, sys
-for l in open(sys.argv[1]):
-    if l.startswith('{'):
-        r = json.loads(l)
-        print(f\"{r['model']:<24} prompt {r['prompt']:>6} {r['tuning'].split(',')[1]:<12} decode {r['decode_ms_median']:7.3f} ms  \"
-              f\"of floor {r.get('fraction_of_floor') or 0:.3f}\")" "$OUT/staged.jsonl" ;;
+      jsonl_table "$OUT/staged.jsonl" "{r['model']:<24} prompt {r['prompt']:>6} {r['tuning'].split(',')[1]:<12} \
+decode {r['decode_ms_median']:7.3f} ms  of floor {r.get('fraction_of_floor') or 0:.3f}" ;;
     tune:*)  # the decode shapes under kernel tuning, e.g. tune:attn-chunk=64,attn-heads=2 or tune:gemv=warp4
       spec=${step#tune:}
       build/cuda/kvgraph bench --device cuda --quiet --tune "$spec" \

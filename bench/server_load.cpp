@@ -229,7 +229,6 @@ int main(int argc, char** argv) {
   if (o.single) o.concurrency = 1;
   if (o.health) {
     httplib::Client cli(o.host, o.port);
-    cli.set_tcp_nodelay(true);
     for (int i = 0; i < 3000; ++i) {
       auto r = cli.Get("/health");
       if (r && r->status == 200) return 0;
@@ -265,7 +264,7 @@ int main(int argc, char** argv) {
   for (int w = 0; w < o.concurrency; ++w)
     workers.emplace_back([&] {
       httplib::Client cli(o.host, o.port);
-    cli.set_tcp_nodelay(true);
+      cli.set_tcp_nodelay(true);  // streams: each token's event as it comes
       cli.set_keep_alive(true);
       cli.set_read_timeout(600, 0);
       for (int i; (i = next++) < o.requests;) samples[i] = run_one(cli, o, i, ids);

@@ -1624,16 +1624,22 @@ size_t decode_smem(int D, bool staged) {
          (staged ? staged_tile_bytes(D) : 0);
 }
 
+// Lets `kernel` take `bytes` of dynamic shared memory: above 48 KB a kernel
+// must opt in (once; callers keep a static flag).
+template <typename K>
+void allow_smem(K kernel, size_t bytes) {
+  if (bytes > 48 * 1024)
+    KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
 template <typename S, int kMaxG, bool kStaged>
 void launch_decode_as(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
   if constexpr (kStaged) {  // above 48 KB: opt in once, for the most any head dim needs
     static const bool opted_in = [] {
-      const int most = int(std::max({decode_smem<kMaxG>(64, true), decode_smem<kMaxG>(128, true),
-                                     decode_smem<kMaxG>(256, true)}));
-      KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<S, kMaxG, false, true>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-      KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel<S, kMaxG, true, true>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+      const size_t most =
+          std::max({decode_smem<kMaxG>(64, true), decode_smem<kMaxG>(128, true), decode_smem<kMaxG>(256, true)});
+      allow_smem(decode_kernel<S, kMaxG, false, true>, most);
+      allow_smem(decode_kernel<S, kMaxG, true, true>, most);
       return true;
     }();
     (void)opted_in;
@@ -1701,9 +1707,7 @@ template <typename S, int D>
 void launch_flash_d(const AttnArgs<S>& a, Launch stream) {
   constexpr size_t smem = FlashShape<D>::kSmem;
   static const bool opted_in = [] {
-    if (smem > 48 * 1024)
-      KVGRAPH_CUDA_CHECK(
-          cudaFuncSetAttribute(flash_attend_kernel<S, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    allow_smem(flash_attend_kernel<S, D>, smem);
     return true;
   }();
   (void)opted_in;
@@ -1796,10 +1800,7 @@ void launch_decode_q(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, Launch str
   // Above 48 KB (8 heads a block at head dim 128 and up) the kernel must opt
   // in, once, for the most any head dim needs.
   static const bool opted_in = [] {
-    const size_t most = std::max(decode_q_smem<kMaxG>(128), decode_q_smem<kMaxG>(256));
-    if (most > 48 * 1024)
-      KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(decode_kernel_q<KS, VS, kMaxG>,
-                                              cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
+    allow_smem(decode_kernel_q<KS, VS, kMaxG>, std::max(decode_q_smem<kMaxG>(128), decode_q_smem<kMaxG>(256)));
     return true;
   }();
   (void)opted_in;

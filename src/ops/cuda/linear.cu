@@ -147,6 +147,19 @@ __device__ __forceinline__ float dot16_h(uint4 w, const float (&h)[4], float acc
   return acc;
 }
 
+// Token t's finished row sums (acc[0 .. kRows), the norm's sum of squares ss):
+// scaled by the norm, then bias / residual / gate, by one thread.
+template <typename W, bool kNorm, int kRows>
+__device__ __forceinline__ void store_rows(const GemvArgs<W>& a, int t, int n0, float* acc, float ss) {
+  if constexpr (kNorm) {  // scale before bias / residual / gate
+    const float inv = rsqrtf(ss / a.K + a.norm_eps);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] *= inv;
+  }
+#pragma unroll
+  for (int r = 0; r < kRows; r += 2) gemv_epilogue(a, t, n0 + r, acc[r], acc[r + 1]);
+}
+
 // The end of a GEMV group's work for token t: reduce each row's partial sums
 // (and the norm's sum of squares) over the group's threads in a fixed order
 // (deterministic), scale by the norm, then the epilogue, by the group's
@@ -179,13 +192,7 @@ __device__ __forceinline__ void finish_rows(const GemvArgs<W>& a, int t, int n0,
   } else {
     if (tig != 0) return;
   }
-  if constexpr (kNorm) {  // scale before bias / residual / gate
-    const float inv = rsqrtf(ss / a.K + a.norm_eps);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[r] *= inv;
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; r += 2) gemv_epilogue(a, t, n0 + r, acc[r], acc[r + 1]);
+  store_rows<W, kNorm, kRows>(a, t, n0, acc, ss);
 }
 
 // The weight rows n0 .. n0 + kRows - 1 of a group (rows past N read row 0 and
@@ -398,13 +405,7 @@ __global__ void __launch_bounds__(kBlock) gemv_tokens_kernel(GemvArgs<W> a) {
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum[r] += red[t][w][r];
   }
-  if constexpr (kNorm) {
-    const float inv = rsqrtf(sum[kRows] / a.K + a.norm_eps);
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) sum[r] *= inv;
-  }
-#pragma unroll
-  for (int r = 0; r < kRows; r += 2) gemv_epilogue(a, t, n0 + r, sum[r], sum[r + 1]);
+  store_rows<W, kNorm, kRows>(a, t, n0, sum, sum[kRows]);
 }
 
 template <typename W, bool kNorm, int kUnroll, int kRows>
