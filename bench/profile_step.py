@@ -22,6 +22,7 @@ ap.add_argument("--raw", help="also write ncu's CSV here")
 ap.add_argument("--prefill", action="store_true",
                 help="profile the first prefill chunk (the whole prompt in one step) instead of a decode step")
 ap.add_argument("--tune", default="", help="passed to kvgraph bench --tune")
+ap.add_argument("--bench-args", default="", help="more kvgraph bench flags, e.g. '--weights int4 --group-size 64'")
 args = ap.parse_args()
 
 cmd = [args.ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none",
@@ -31,6 +32,7 @@ cmd = [args.ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-con
        "--chunk", str(args.prompt), "--new-tokens", "3", "--eager", "--quiet"]
 if args.tune:
     cmd += ["--tune", args.tune]
+cmd += args.bench_args.split()
 out = subprocess.run(cmd, capture_output=True, text=True)
 if out.returncode != 0:
     sys.stderr.write(out.stderr[-4000:])
