@@ -54,6 +54,7 @@ Session make_scoring_session(std::shared_ptr<Model> model, const ModelFlags& f, 
   so.kv_storage = f.kv_storage(model->device());
   so.all_logits = true;
   so.eager = true;
+  so.tuning = f.tuning();
   if (len > so.capacity) fail(component, "{} tokens do not fit the cache capacity {}", len, so.capacity);
   return Session(std::move(model), so);
 }
