@@ -9,7 +9,7 @@ set -uo pipefail
 MODELS=${1:-synthetic:llama3.1-8b,synthetic:llama3.2-1b,synthetic:qwen2.5-0.5b,synthetic:gemma3-1b}
 OUT=${2:-/tmp}
 : > "$OUT/quant.jsonl"
-for w in bf16 int8 int4 int8:qx=int8 int4:qx=int8; do
+for w in bf16 int8 int4 int8:qx=f32 int4:qx=f32; do
   tune=""; [[ $w == *:* ]] && tune=${w#*:} && w=${w%%:*}
   build/cuda/kvgraph bench --device cuda --quiet --json --models "$MODELS" --weights "$w" --group-size 64 \
     ${tune:+--tune "$tune"} >> "$OUT/quant.jsonl" || echo "bench --weights $w $tune failed (rc $?)"

@@ -152,6 +152,15 @@ TEST_F(CudaQuantLinear, Int8XGemvIsWithinInt8RoundingOfTheReference) {
         check(1, 64, 4096, bits, group, Epi::bias, norm, GemvShape::automatic, nullptr, 1e-2, true);
       }
   for (Epi epi : {Epi::residual, Epi::gated}) check(1, 96, 512, 4, 64, epi, true, GemvShape::automatic, nullptr, 1e-2, true);
+  // The launch shapes (linear.cu, launch_qgemv_x8): 2200 rows of 384 take
+  // a block per 32 rows, 2 vectors a row in flight; 8402 rows of 4096 take
+  // one wave of blocks with 4 vectors a row in flight, each warp streaming
+  // several row quads (more quads than resident warps) and a partial last
+  // quad.
+  for (int bits : {4, 8}) {
+    check(1, 2200, 384, bits, 64, Epi::none, true, GemvShape::automatic, nullptr, 1e-2, true);
+    check(1, 8402, 4096, bits, 64, Epi::none, bits == 4, GemvShape::automatic, nullptr, 1e-2, true);
+  }
 }
 
 TEST_F(CudaQuantLinear, MultiTokenGemvMatchesDequantisedReference) {

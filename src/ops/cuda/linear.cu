@@ -564,6 +564,36 @@ struct QGemvArgs {
   GemvArgs<S> e;      // x, bias (S), residual, out, N, K, gate, norm: as the plain GEMV (e.w unused)
 };
 
+// The kRows consecutive quantized rows from n0 a thread group streams (rows
+// past N are never read: their vectors are zeros), and fetch(): one 16-byte
+// code vector of row r with its group's scale and bias, zeros past the
+// row's end. Groups are 32, 64 or 128 values and a vector 16 or 32, so the
+// group of vector vi is vi >> vshift.
+template <typename S, int kRows>
+struct QRows {
+  const uint4* w;
+  const S* s;
+  const S* b;
+  int nvec, ngroups, vshift, live_rows;
+  __device__ __forceinline__ QRows(const QGemvArgs<S>& a, int n0, int values_per_vec) {
+    const int K = a.e.K;
+    ngroups = K / a.group;
+    nvec = K / values_per_vec;
+    vshift = __ffs(a.group / values_per_vec) - 1;
+    live_rows = min(kRows, a.e.N - n0);
+    const size_t row = live_rows > 0 ? n0 : 0;
+    w = reinterpret_cast<const uint4*>(a.w) + row * nvec;
+    s = a.scales + row * ngroups;
+    b = a.biases + row * ngroups;
+  }
+  __device__ __forceinline__ void fetch(int r, int vi, uint64_t pol, uint4& wv, float& sv, float& bv) const {
+    const bool live = r < live_rows && vi < nvec;
+    wv = live ? ld_weights(w + size_t(r) * nvec + vi, pol) : make_uint4(0, 0, 0, 0);
+    sv = live ? load_const(s + size_t(r) * ngroups + (vi >> vshift)) : 0.f;
+    bv = live ? load_const(b + size_t(r) * ngroups + (vi >> vshift)) : 0.f;
+  }
+};
+
 // The plain GEMV's structure (gemv_kernel) on quantized rows: per 16-byte
 // vector (one group or part of one, as group >= 32 >= values per vector) the
 // row's scale s and bias b give s * dot(q, h) + b * sum(h), sum(h) shared by
@@ -577,22 +607,9 @@ __global__ void __launch_bounds__(kBlock) qgemv_kernel(QGemvArgs<S> a) {
   const GemvArgs<S>& e = a.e;
   const int group = threadIdx.x / kTPR, tig = threadIdx.x % kTPR;
   const int n0 = (blockIdx.x * kGroups + group) * kRows;
-  const int nvec = e.K / kVE;
-  const int ngroups = e.K / a.group;
-  const int vpg = a.group / kVE;  // vectors per quantization group
+  const QRows<S, kRows> rows(a, n0, kVE);
+  const int nvec = rows.nvec;
   const int T = kT == 1 ? 1 : e.T;
-  const uint4* wr[kRows];
-  const S* sr[kRows];
-  const S* br[kRows];
-  bool ok[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    ok[r] = n0 + r < e.N;
-    const size_t row = ok[r] ? n0 + r : 0;
-    wr[r] = reinterpret_cast<const uint4*>(a.w) + row * nvec;
-    sr[r] = a.scales + row * ngroups;
-    br[r] = a.biases + row * ngroups;
-  }
   const uint64_t pol = evict_first_policy();
   detail::griddep_launch_dependents();
 
@@ -610,14 +627,8 @@ __global__ void __launch_bounds__(kBlock) qgemv_kernel(QGemvArgs<S> a) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = base + u * kTPR + tig;
-      const bool in = vi < nvec;
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const bool live = ok[r] && in;
-        wv[r][u] = live ? ld_weights(wr[r] + vi, pol) : make_uint4(0, 0, 0, 0);
-        sv[r][u] = live ? load_const(sr[r] + vi / vpg) : 0.f;
-        bv[r][u] = live ? load_const(br[r] + vi / vpg) : 0.f;
-      }
+      for (int r = 0; r < kRows; ++r) rows.fetch(r, vi, pol, wv[r][u], sv[r][u], bv[r][u]);
     }
     if (!waited) {
       detail::griddep_wait();
@@ -730,17 +741,38 @@ __device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
   return (uint32_t(a) & 0xFFu) | ((uint32_t(b) & 0xFFu) << 8) | ((uint32_t(c) & 0xFFu) << 16) | (uint32_t(d) << 24);
 }
 
-// One block: out rows [blockIdx.x * 32, +32), four rows per warp. The block
-// first normalises (optionally) and quantizes all of x into shared memory
-// (each thread 8 consecutive values; kVE / 8 threads per vector), then each
-// lane streams 16-byte weight vectors of its warp's four rows.
-template <typename S, int kBits, bool kNorm>
+// Each warp owns quads of four consecutive rows: quad blockIdx.x * warps +
+// warp, then every gridDim.x * warps quads after it (the grid is at most one
+// wave, so x is normalised and quantized once per resident block, not once
+// per 32 rows). Each lane streams 16-byte code vectors of its quad's rows,
+// kUnroll vectors a row in flight: slot u holds vector batch * 32 * kUnroll
+// + u * 32 + lane and is refilled as soon as it is used, with the next
+// batch's vector or, after the quad's last batch, the next quad's first, so
+// the stream does not drain between quads. Weights, scales and biases are
+// constants: the first batch is requested before the PDL wait, in flight
+// while the previous kernel ends and while the block normalises
+// (optionally) and quantizes all of x into shared memory (each thread 8
+// consecutive values; kVE / 8 threads per vector).
+template <typename S, int kBits, bool kNorm, int kUnroll>
 __global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
-  constexpr int kVE = 128 / kBits, kTPV = kVE / 8, kRows = 4, kUnroll = 2;
+  constexpr int kVE = 128 / kBits, kTPV = kVE / 8, kRows = 4;
   extern __shared__ __align__(16) unsigned char smem[];
   const GemvArgs<S>& e = a.e;
   const int K = e.K, nvec = K / kVE;
   const XQ xq = xq_layout(smem, K, kVE);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int quads = (e.N + kRows - 1) / kRows, stride = gridDim.x * warps;
+  const int batches = (nvec + 32 * kUnroll - 1) / (32 * kUnroll);
+  int quad = blockIdx.x * warps + warp;
+  QRows<S, kRows> rows(a, quad * kRows, kVE);
+  const uint64_t pol = evict_first_policy();
+  uint4 wv[kRows][kUnroll];
+  float sv[kRows][kUnroll], bv[kRows][kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) rows.fetch(r, u * 32 + lane, pol, wv[r][u], sv[r][u], bv[r][u]);
   detail::griddep_launch_dependents();
   detail::griddep_wait();
 
@@ -809,68 +841,76 @@ __global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
   }
   __syncthreads();
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n0 = (blockIdx.x * 8 + warp) * kRows;
-  const int ngroups = K / a.group, vpg = a.group / kVE;
-  const uint4* wr[kRows];
-  const S* sr[kRows];
-  const S* br[kRows];
-  bool ok[kRows];
+  for (; quad < quads; quad += stride) {
+    const QRows<S, kRows> next(a, (quad + stride) * kRows, kVE);
+    float acc[kRows] = {0.f, 0.f, 0.f, 0.f};
+    for (int batch = 0; batch < batches; ++batch) {
+      const bool last = batch + 1 == batches;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    ok[r] = n0 + r < e.N;
-    const size_t row = ok[r] ? n0 + r : 0;
-    wr[r] = reinterpret_cast<const uint4*>(a.w) + row * nvec;
-    sr[r] = a.scales + row * ngroups;
-    br[r] = a.biases + row * ngroups;
-  }
-  const uint64_t pol = evict_first_policy();
-  float acc[kRows] = {0.f, 0.f, 0.f, 0.f};
-  for (int base = 0; base < nvec; base += 32 * kUnroll) {
-    uint4 wv[kRows][kUnroll];
+      for (int u = 0; u < kUnroll; ++u) {
+        const int vi = batch * 32 * kUnroll + u * 32 + lane;
+        if (vi < nvec) {
+          const float xs = xq.scale[vi], xsum = xq.sum[vi];
+          int xw[kVE / 4];  // the vector's x codes, 4 per word
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int vi = base + u * 32 + lane;
-#pragma unroll
-      for (int r = 0; r < kRows; ++r)
-        wv[r][u] = (ok[r] && vi < nvec) ? ld_weights(wr[r] + vi, pol) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int vi = base + u * 32 + lane;
-      if (vi >= nvec) continue;
-      const float xs = xq.scale[vi], xsum = xq.sum[vi];
-      int xw[kVE / 4];  // the vector's x codes, 4 per word
-#pragma unroll
-      for (int i = 0; i < kVE / 16; ++i) {
-        const uint4 t = reinterpret_cast<const uint4*>(xq.q + vi * kVE)[i];
-        xw[4 * i] = int(t.x); xw[4 * i + 1] = int(t.y); xw[4 * i + 2] = int(t.z); xw[4 * i + 3] = int(t.w);
-      }
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        const uint32_t wd[4] = {wv[r][u].x, wv[r][u].y, wv[r][u].z, wv[r][u].w};
-        int isum = 0;
-        if constexpr (kBits == 4) {
-#pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            isum = __dp4a(int(wd[i] & 0x0F0F0F0Fu), xw[2 * i], isum);
-            isum = __dp4a(int((wd[i] >> 4) & 0x0F0F0F0Fu), xw[2 * i + 1], isum);
+          for (int i = 0; i < kVE / 16; ++i) {
+            const uint4 t = reinterpret_cast<const uint4*>(xq.q + vi * kVE)[i];
+            xw[4 * i] = int(t.x); xw[4 * i + 1] = int(t.y); xw[4 * i + 2] = int(t.z); xw[4 * i + 3] = int(t.w);
           }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const uint32_t wd[4] = {wv[r][u].x, wv[r][u].y, wv[r][u].z, wv[r][u].w};
+            int isum = 0;
+            if constexpr (kBits == 4) {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                isum = __dp4a(int(wd[i] & 0x0F0F0F0Fu), xw[2 * i], isum);
+                isum = __dp4a(int((wd[i] >> 4) & 0x0F0F0F0Fu), xw[2 * i + 1], isum);
+              }
+            } else {
+#pragma unroll
+              for (int i = 0; i < 4; ++i) isum = __dp4a(int(wd[i] ^ 0x80808080u), xw[i], isum);
+              isum += 128 * xq.qsum[vi];
+            }
+            acc[r] = fmaf(sv[r][u] * xs, float(isum), fmaf(bv[r][u], xsum, acc[r]));
+          }
+        }
+        if (last) {
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) next.fetch(r, u * 32 + lane, pol, wv[r][u], sv[r][u], bv[r][u]);
         } else {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) isum = __dp4a(int(wd[i] ^ 0x80808080u), xw[i], isum);
-          isum += 128 * xq.qsum[vi];
+          for (int r = 0; r < kRows; ++r) rows.fetch(r, vi + 32 * kUnroll, pol, wv[r][u], sv[r][u], bv[r][u]);
         }
-        const float s = load_const(sr[r] + vi / vpg), b = load_const(br[r] + vi / vpg);
-        acc[r] = fmaf(s * xs, float(isum), fmaf(b, xsum, acc[r]));
       }
     }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = detail::warp_sum(acc[r]);
+    if (lane == 0) {
+      const int n0 = quad * kRows;
+#pragma unroll
+      for (int r = 0; r < kRows; r += 2) gemv_epilogue(e, 0, n0 + r, acc[r], acc[r + 1]);
+    }
+    rows = next;
   }
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) acc[r] = detail::warp_sum(acc[r]);
-  if (lane != 0) return;
-#pragma unroll
-  for (int r = 0; r < kRows; r += 2) gemv_epilogue(e, 0, n0 + r, acc[r], acc[r + 1]);
+}
+
+// The grid: blocks of 8 warps, one per 32 rows, or (persistent) at most as
+// many as are resident at once. (Blocks of 2 warps for matrices of fewer
+// than 66 such blocks, so that more SMs stream the 0.5B-1B shapes'
+// attention projections, were 9-12% slower on those models on the H200,
+// 2026-12-04: each block quantizes all of x.)
+template <typename S, int kBits, bool kNorm, int kUnroll>
+void launch_qgemv_x8_as(const QGemvArgs<S>& a, size_t smem, bool persistent, Launch stream) {
+  static const int resident = [] {
+    int per_sm = 0;
+    KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, qgemv_x8_kernel<S, kBits, kNorm, kUnroll>,
+                                                                     256, 48 * 1024));
+    return std::max(1, per_sm) * sm_count();
+  }();
+  const int blocks = ceil_div(a.e.N, 32);
+  launch(qgemv_x8_kernel<S, kBits, kNorm, kUnroll>, dim3(persistent ? std::min(blocks, resident) : blocks), dim3(256),
+         smem, stream, a);
 }
 
 template <typename S, int kBits, bool kNorm>
@@ -878,7 +918,17 @@ void launch_qgemv_x8(const QGemvArgs<S>& a, Launch stream) {
   constexpr int kVE = 128 / kBits;
   const size_t smem = size_t(a.e.K) + size_t(a.e.K / kVE) * 12;
   if (smem > 48 * 1024) fail_op("linear", "int8 x: K = " + std::to_string(a.e.K) + " needs more than 48 KB of shared memory");
-  launch(qgemv_x8_kernel<S, kBits, kNorm>, dim3(ceil_div(a.e.N, 32)), dim3(256), smem, stream, a);
+  // Measured on the H200 (bench/results/h200-2026-12-04-x8-variants.jsonl,
+  // ms/token, int4 g64 8B / 1B, int8 8B / 1B): 2 slots a row, one block per
+  // 32 rows: 2.74 / 0.72 / 3.83 / 0.97; 4 slots, one block per 32 rows: 3.58
+  // / 1.03 / 4.61 / 1.11 (166-176 registers: one block an SM); 2 slots, one
+  // wave: 2.92 / 0.74 / 4.34 / 1.02; 4 slots, one wave: 2.62 / 0.81 / 3.78 /
+  // 0.92. Four slots need rows of at least 4 * 32 vectors (the 1B shape's
+  // int4 rows of 2048 have 64: half the slots idle), and then one wave.
+  if (a.e.K / kVE >= 4 * 32)
+    launch_qgemv_x8_as<S, kBits, kNorm, 4>(a, smem, true, stream);
+  else
+    launch_qgemv_x8_as<S, kBits, kNorm, 2>(a, smem, false, stream);
 }
 
 // T > 1: rows [n0, n0 + rows) of quantized weights dequantised to bf16 [rows, K]
