@@ -15,20 +15,26 @@ struct Tuning {
   // long rows (K >= 2048 bf16), a warp per row pair otherwise.
   enum class Gemv : uint8_t { automatic, block2, warp2, warp4 };
   Gemv gemv = Gemv::automatic;
-  // Decode (T == 1) attention through the T > 1 kernel, for comparison
-  // (attn=legacy), or (attn=staged) through the decode kernel with its K/V
-  // tiles copied to shared memory by cp.async, coalesced and double
-  // buffered, over 16-bit pools (long spans; not yet run on a GPU).
-  bool legacy_decode_attention = false;
-  bool staged_decode_attention = false;
+  // Decode (T <= kMaxDecodeQueries) attention: fast (the decode kernel,
+  // K/V rows read straight from global memory), staged (the decode kernel
+  // with its K/V tiles copied to shared memory by cp.async, coalesced and
+  // double buffered; 16-bit pools at head dim 64/128/256), legacy (through
+  // the T > 1 kernel, for comparison). automatic: staged at head dim 256,
+  // fast otherwise (H200: staged is 11-21% faster on gemma3-1b, 1-12%
+  // slower on the llama shapes; figures in docs/design.md).
+  enum class DecodeAttn : uint8_t { automatic, fast, staged, legacy };
+  DecodeAttn decode_attn = DecodeAttn::automatic;
   int attn_heads = 0;   // most query heads per decode block (1, 2, 4, 8); 0: by span
   int attn_chunk = 0;   // fewest keys per decode split; 0: from the head dim
   // Programmatic dependent launch on every CUDA kernel.
   bool programmatic_launch = true;
   // T == 1 on affine-quantized weights: x quantized to int8 per vector of
   // the weights (once per block, in shared memory) and integer dot products
-  // (DP4A), instead of f32 x with the codes converted in the weight stream.
-  bool quantized_int8_x = false;
+  // (DP4A), the default since its H200 run (8B int4 5.2 -> 2.6 ms/token,
+  // held-out perplexity unchanged); qx=f32: f32 x with the codes converted
+  // in the weight stream, which is what steps of 2-8 tokens always use (so
+  // speculative decoding, whose verify rows must be decode rows, takes it).
+  bool quantized_int8_x = true;
   // The several-token GEMV (2..8 tokens: verify steps, short prefill chunks):
   // rows per thread group and load batches in flight. Every variant sums
   // each token's row as the one-token GEMV does (bitwise); they differ in
@@ -51,17 +57,16 @@ struct Tuning {
 
   // Spelled out: the CUDA sources, which include this, are C++17.
   bool operator==(const Tuning& o) const {
-    return gemv == o.gemv && legacy_decode_attention == o.legacy_decode_attention &&
-           staged_decode_attention == o.staged_decode_attention && attn_heads == o.attn_heads &&
+    return gemv == o.gemv && decode_attn == o.decode_attn && attn_heads == o.attn_heads &&
            attn_chunk == o.attn_chunk && programmatic_launch == o.programmatic_launch &&
            quantized_int8_x == o.quantized_int8_x && multi == o.multi && prefill_attn == o.prefill_attn;
   }
 
-  // "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto,prefill-attn=flash":
+  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto,prefill-attn=flash":
   // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
-  // auto|block2|warp2|warp4, attn fast|staged|legacy, attn-heads 0|1|2|4|8,
+  // auto|block2|warp2|warp4, attn auto|fast|staged|legacy, attn-heads 0|1|2|4|8,
   // attn-chunk N >= 0, pdl on|off, qx f32|int8, mt auto|r8u2|r4u2|r8u1|r4u4,
   // prefill-attn legacy|flash). Throws kvgraph::Error("[tuning] ...") on an
   // unknown key or value.

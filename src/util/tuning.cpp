@@ -10,6 +10,7 @@ namespace {
 
 constexpr std::string_view kGemvNames[] = {"auto", "block2", "warp2", "warp4"};
 constexpr std::string_view kMultiNames[] = {"auto", "r8u2", "r4u2", "r8u1", "r4u4", "p4u2", "p2u4", "p8u1"};
+constexpr std::string_view kAttnNames[] = {"auto", "fast", "staged", "legacy"};
 
 int parse_count(std::string_view key, std::string_view v) {
   if (v == "auto") return 0;
@@ -37,7 +38,7 @@ int parse_name(std::string_view key, std::string_view v, const std::string_view 
 std::string Tuning::describe() const {
   return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={},mt={},prefill-attn={}",
                      kGemvNames[static_cast<int>(gemv)],
-                     legacy_decode_attention ? "legacy" : staged_decode_attention ? "staged" : "fast",
+                     kAttnNames[static_cast<int>(decode_attn)],
                      count_str(attn_heads), count_str(attn_chunk), programmatic_launch ? "on" : "off",
                      quantized_int8_x ? "int8" : "f32", kMultiNames[static_cast<int>(multi)],
                      prefill_attn == PrefillAttn::flash ? "flash" : "legacy");
@@ -56,9 +57,7 @@ Tuning Tuning::parse(std::string_view spec) {
     if (key == "gemv") {
       t.gemv = static_cast<Gemv>(parse_name(key, v, kGemvNames));
     } else if (key == "attn") {
-      if (v != "fast" && v != "legacy" && v != "staged") fail("tuning", "attn={}: expected fast, staged or legacy", v);
-      t.legacy_decode_attention = v == "legacy";
-      t.staged_decode_attention = v == "staged";
+      t.decode_attn = static_cast<Tuning::DecodeAttn>(parse_name(key, v, kAttnNames));
     } else if (key == "attn-heads") {
       t.attn_heads = parse_count(key, v);
       if (t.attn_heads != 0 && t.attn_heads != 1 && t.attn_heads != 2 && t.attn_heads != 4 && t.attn_heads != 8)

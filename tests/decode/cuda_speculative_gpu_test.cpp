@@ -88,7 +88,8 @@ TEST_F(CudaMultiToken, LinearRowsAreOneTokenRows) {
                          Shape{96, 100, ""}, Shape{520, 4096, "mt=r8u2"}, Shape{1000, 1024, "mt=r8u2"},
                          Shape{520, 4096, "mt=r8u1"}, Shape{1000, 1024, "mt=r4u4"}, Shape{520, 4096, "mt=r4u4"},
                          Shape{520, 4096, "mt=p4u2"}, Shape{518, 3000, "mt=p2u4"}, Shape{516, 4000, "mt=p8u1"}}) {
-    Stream s(Device::CUDA, Tuning::parse(sh.tune));
+    // x in f32: the int8-x one-token kernel (qx=int8) is no several-token row.
+    Stream s(Device::CUDA, Tuning::parse(std::string("qx=f32,") + sh.tune));
     const int N = sh.N, K = sh.K, T = 8;
     const auto wv = random_vector(size_t(N) * K, 3, 0.05f);
     const auto xv = random_vector(size_t(T) * K, 4);

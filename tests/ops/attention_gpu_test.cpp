@@ -45,7 +45,7 @@ struct Case {
   // Steps of T > kMaxDecodeQueries: attend_kernel (legacy) or the tensor-core
   // flash_attend_kernel (16-bit storage, head dim 64/128/256).
   Tuning::PrefillAttn prefill = Tuning::PrefillAttn::legacy;
-  bool staged = false;  // decode steps through the staged kernel (Tuning::staged_decode_attention)
+  bool staged = false;  // decode steps through the staged kernel (DecodeAttn::staged), else the fast one
 };
 
 // The prologue on the host, in f32 as the CPU backend does it: per-head
@@ -129,7 +129,7 @@ class Runner {
         hist_{c.Hkv, c.D, c.storage, {}, {}} {
     Tuning t;
     t.prefill_attn = c.prefill;
-    t.staged_decode_attention = c.staged;
+    t.decode_attn = c.staged ? Tuning::DecodeAttn::staged : Tuning::DecodeAttn::fast;
     ws_.tune(t);
     KVGRAPH_CUDA_CHECK(cudaMemset(k_pool_.data(), 0xff, k_pool_.bytes()));  // NaN everywhere
     KVGRAPH_CUDA_CHECK(cudaMemset(v_pool_.data(), 0xff, v_pool_.bytes()));

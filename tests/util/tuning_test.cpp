@@ -12,20 +12,20 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=fast,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto,prefill-attn=flash");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=int8,mt=auto,prefill-attn=flash");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
   const Tuning t =
-      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=int8,mt=r4u2,prefill-attn=legacy");
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=f32,mt=r4u2,prefill-attn=legacy");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
-  EXPECT_TRUE(t.legacy_decode_attention);
+  EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::legacy);
   EXPECT_EQ(t.attn_heads, 2);
   EXPECT_EQ(t.attn_chunk, 64);
   EXPECT_FALSE(t.programmatic_launch);
-  EXPECT_TRUE(t.quantized_int8_x);
+  EXPECT_FALSE(t.quantized_int8_x);
   EXPECT_EQ(t.multi, Tuning::Multi::r4u2);
   EXPECT_EQ(t.prefill_attn, Tuning::PrefillAttn::legacy);
   EXPECT_EQ(Tuning::parse(t.describe()), t);
@@ -34,8 +34,9 @@ TEST(Tuning, EveryKeyParses) {
   EXPECT_EQ(Tuning::parse("prefill-attn=flash"), Tuning{});
   EXPECT_EQ(Tuning::parse("gemv=block2").gemv, Tuning::Gemv::block2);
   const Tuning staged = Tuning::parse("attn=staged");
-  EXPECT_TRUE(staged.staged_decode_attention);
-  EXPECT_FALSE(staged.legacy_decode_attention);
+  EXPECT_EQ(staged.decode_attn, Tuning::DecodeAttn::staged);
+  EXPECT_EQ(Tuning::parse("attn=fast").decode_attn, Tuning::DecodeAttn::fast);
+  EXPECT_NE(Tuning::parse("attn=fast"), Tuning{});
   EXPECT_EQ(Tuning::parse(staged.describe()), staged);
   EXPECT_NE(staged, Tuning{});
   EXPECT_NE(Tuning::parse("gemv=block2"), Tuning{});

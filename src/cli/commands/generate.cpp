@@ -150,6 +150,9 @@ void run_generate(const GenerateFlags& f) {
   so.max_write = f.m.chunk;
   so.eager = f.m.eager;
   so.tuning = f.m.tuning();
+  // A verify step's rows must be the decode steps' bit for bit; steps of
+  // several tokens take x in f32, so one-token steps do too.
+  if (f.speculative()) so.tuning.quantized_int8_x = false;
   so.kv_storage = f.m.kv_storage(model->device());
   if (static_cast<int64_t>(prompt.size()) > so.capacity)
     fail("generate", "prompt of {} tokens is longer than the cache capacity {} (raise --capacity)", prompt.size(),

@@ -807,8 +807,8 @@ __device__ __forceinline__ float rounded(float x) {
   return detail::to_f32(detail::from_f32<S>(x));
 }
 
-// kStaged (Tuning::staged_decode_attention; 16-bit pools, head dim 64, 128 or
-// 256): the tile loop reads K and V from shared memory instead. Tiles of
+// kStaged (Tuning::DecodeAttn::staged, and automatic at head dim 256;
+// 16-bit pools, head dim 64, 128 or 256): the tile loop reads K and V from shared memory instead. Tiles of
 // kStagedBytes / D keys (128 / 64 / 32) are copied by cp.async, each warp's
 // copies coalesced (consecutive threads, consecutive 16-byte chunks of a
 // row), the next tile in flight while the current one computes (two
@@ -1666,7 +1666,9 @@ void launch_decode_as(AttnArgs<S> a, int max_splits, const AttentionWorkspace& w
 template <typename S, int kMaxG>
 void launch_decode(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
   if constexpr (is_16bit<S>) {
-    if (ws.tuning().staged_decode_attention && flash_head_dim(a.D)) {
+    using A = Tuning::DecodeAttn;
+    const A mode = ws.tuning().decode_attn;
+    if ((mode == A::staged || (mode == A::automatic && a.D == 256)) && flash_head_dim(a.D)) {
       launch_decode_as<S, kMaxG, true>(a, max_splits, ws, stream);
       return;
     }
@@ -1848,7 +1850,7 @@ void write_kv(const AttentionParams& p, Launch stream) {
 void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch stream) {
   validate(p);
   const int G = p.n_q_heads / p.n_kv_heads;
-  const bool legacy = ws.tuning().legacy_decode_attention;
+  const bool legacy = ws.tuning().decode_attn == Tuning::DecodeAttn::legacy;
   dispatch_kv(p.k_format, p.v_format, [&](auto tag) {
     using S = decltype(tag);
     // Steps of up to kMaxDecodeQueries tokens run each query as a decode step

@@ -275,7 +275,7 @@ class AttentionWorkspace {
 //           under Tuning::prefill_attn == flash over bf16/f16 pools at head dim
 //           64/128/256, tensor-core tiles instead (one block per 64 queries
 //           and query head; q and P rounded to the storage type).
-//   Tuning::legacy_decode_attention: every T through the last path.
+//   Tuning::DecodeAttn::legacy: every T through the last path.
 // Preconditions (checked by the caller / the planner, not here): a flat pool
 // has room for pos+T-1; a ring step has T <= max_write.
 void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch stream);
