@@ -67,8 +67,8 @@ struct GenerateOptions {
   // the model. Greedy output (temperature 0) is token for token that of
   // plain decoding; sampled output has the same distribution (on CUDA with
   // int8/int4 weights only under Tuning::quantized_int8_x = false, as
-  // `generate` sets for speculative runs: verify steps take x in f32).
-  // Null: plain.
+  // `kvgraph generate` sets for speculative runs: verify steps take x in
+  // f32; else generate() throws). Null: plain.
   Proposer* proposer = nullptr;
   int draft_tokens = 4;  // K, 1 <= K < min(max_write, kMaxVerifyTokens)
 };

@@ -448,6 +448,11 @@ GenerateResult Session::generate(std::span<const int32_t> prompt, const Tokenize
       fail("session", "generate: draft_tokens must be in [1, {}] (a verify step of at most {} tokens: "
            "kMaxVerifyTokens {}, max_write {}), got {}", max_k, max_k + 1, kMaxVerifyTokens, opt_.max_write,
            options.draft_tokens);
+    // Verify steps take x in f32 on quantized weights; one-token steps under
+    // qx=int8 do not, and greedy output would no longer be plain decoding's.
+    if (model_->device() == Device::CUDA && model_->quantization().quantized() && opt_.tuning.quantized_int8_x)
+      fail("session", "generate: speculative decoding over int8/int4 weights on CUDA needs "
+           "Tuning::quantized_int8_x = false (--tune qx=f32): verify steps take x in f32");
   }
 
   std::vector<int32_t> eos(model_->config().eos_token_ids.begin(), model_->config().eos_token_ids.end());

@@ -18,6 +18,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kvgraph/error.h"
 #include "kvgraph/model.h"
 #include "kvgraph/ops.h"
 #include "kvgraph/quant.h"
@@ -217,6 +218,37 @@ TEST_P(CudaSpeculative, GreedyOutputIsPlainOutput) {
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaSpeculative, ::testing::ValuesIn(fixture_families()),
                          [](const auto& info) { return info.param; });
+
+// Over int4 weights a verify step's rows are decode rows only with x in f32
+// (verify steps always take f32 x; one-token steps take int8 x unless
+// Tuning::quantized_int8_x is off): greedy speculative output is plain
+// output there, and generate() refuses the default rather than drift.
+TEST_F(CudaMultiToken, QuantizedWeightsSpeculativeTakesF32X) {
+  auto m = Model::load(fixtures_dir() / "llama", Device::CUDA, {}, Model::CpuWeights::automatic,
+                       QuantFormat{.bits = 4, .group = 32});
+  ASSERT_TRUE(m->quantization().quantized());
+  const std::vector<int32_t> prompt = prompt_for("llama");
+  SessionOptions so{.capacity = 256, .max_write = 8};
+  GenerateOptions go;
+  go.max_tokens = 80;
+  go.ignore_eos = true;
+  PromptLookup lookup(2);
+  go.proposer = &lookup;
+  {
+    Session s(m, so);
+    EXPECT_THROW(s.generate(prompt, nullptr, go), Error);
+    EXPECT_TRUE(s.tokens().empty());
+  }
+  so.tuning.quantized_int8_x = false;
+  go.proposer = nullptr;
+  Session p(m, so);
+  const GenerateResult plain = p.generate(prompt, nullptr, go);
+  go.proposer = &lookup;
+  Session s(m, so);
+  const GenerateResult r = s.generate(prompt, nullptr, go);
+  EXPECT_EQ(r.tokens, plain.tokens);
+  EXPECT_GT(r.speculative.proposed, 0);
+}
 
 // The trained default model with its tokenizer: the same text, and the
 // prompt lookup keeps proposals.
