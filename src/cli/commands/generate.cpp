@@ -151,8 +151,16 @@ void run_generate(const GenerateFlags& f) {
   so.eager = f.m.eager;
   so.tuning = f.m.tuning();
   // A verify step's rows must be the decode steps' bit for bit; steps of
-  // several tokens take x in f32, so one-token steps do too.
-  if (f.speculative()) so.tuning.quantized_int8_x = false;
+  // several tokens take x in f32, so one-token steps do too. Plain decoding
+  // over int8/int4 weights on CUDA takes int8 x by default, whose greedy
+  // choices can differ: say so.
+  if (f.speculative() && so.tuning.quantized_int8_x) {
+    so.tuning.quantized_int8_x = false;
+    if (model->device() == Device::CUDA && model->quantization().quantized() && !f.m.quiet)
+      fmt::print(stderr, "[kvgraph] speculative decoding over {} weights takes x in f32: its output is that of "
+                 "plain decoding with --tune qx=f32 (plain decoding's default int8 x may choose other tokens)\n",
+                 format_name(model->quantization(), DType::BF16));
+  }
   so.kv_storage = f.m.kv_storage(model->device());
   if (static_cast<int64_t>(prompt.size()) > so.capacity)
     fail("generate", "prompt of {} tokens is longer than the cache capacity {} (raise --capacity)", prompt.size(),
