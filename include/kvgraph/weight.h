@@ -15,6 +15,11 @@ namespace kvgraph {
 struct QuantFormat {
   int bits = 0;
   int group = 0;
+  // Only in a load request (Model::load's `quantize`, `--weights fp8`):
+  // round every linear layer ("*_proj.weight") to fp8 e4m3 with a scale per
+  // 128 x 128 block, as transformers' fine-grained FP8 writes a checkpoint,
+  // then load those values as floats (what that checkpoint would load to).
+  bool fp8 = false;
   bool quantized() const { return bits != 0; }
   bool operator==(const QuantFormat&) const = default;
 };

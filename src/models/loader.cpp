@@ -2,6 +2,8 @@
 // shape-checked as the family schema (family.h) lists them, all of them
 // before the first weight is read.
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <set>
@@ -61,7 +63,38 @@ struct TensorLoad {
   QuantFormat format;             // of the Model tensor (bits 0: plain)
   bool stored_quantized = false;  // the checkpoint holds words, scales and biases
   Fp8Format fp8;                  // stored fp8 with scales (dequantized at load), when quantized()
+  bool fp8_on_load = false;       // float in the checkpoint, rounded to fp8 blocks at load (--weights fp8)
 };
+
+// A float matrix part [rows, K] rounded as an fp8 checkpoint made from it
+// holds it: e4m3 codes with a scale per 128 x 128 block (absmax / 448, 1
+// where all zero; transformers' fine-grained FP8), dequantized as
+// Loader::fp8_host reads such a checkpoint back.
+void round_to_fp8_blocks(std::vector<float>& v, int64_t rows, int64_t K) {
+  constexpr int64_t kB = 128;
+  const int64_t cols = (K + kB - 1) / kB;
+  std::vector<float> absmax(static_cast<size_t>((rows + kB - 1) / kB * cols), 0.0f);
+  std::vector<char> finite(absmax.size(), 1);
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const size_t b = static_cast<size_t>((n / kB) * cols + k / kB);
+      const float x = v[static_cast<size_t>(n * K + k)];
+      absmax[b] = std::max(absmax[b], std::fabs(x));
+      if (!std::isfinite(x)) finite[b] = 0;
+    }
+  for (int64_t n = 0; n < rows; ++n)
+    for (int64_t k = 0; k < K; ++k) {
+      const size_t b = static_cast<size_t>((n / kB) * cols + k / kB);
+      const float s = kv_fp8_scale(absmax[b], finite[b]);
+      float& x = v[static_cast<size_t>(n * K + k)];
+      x = kv_fp8_value(kv_fp8_code(x, s), s);
+    }
+}
+
+bool linear_layer(const std::string& name) {
+  constexpr std::string_view kSuffix = "_proj.weight";
+  return name.size() > kSuffix.size() && name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
+}
 
 // An fp8 matrix's scale tensor: "X.weight_scale_inv" (block) or "X.weight_scale".
 std::string fp8_scale_name(const std::string& weight_name, const Fp8Format& f) {
@@ -161,8 +194,15 @@ struct Loader {
                        fuse_rows(std::move(bi), K / f.group, plan.fuse), N, K, f);
     }
     std::vector<std::vector<float>> parts;
-    for (const TensorPlan::Part& p : plan.parts)
-      parts.push_back(how.fp8.quantized() ? fp8_host(p.name, p.shape, how.fp8) : host(p.name, p.shape));
+    for (const TensorPlan::Part& p : plan.parts) {
+      if (how.fp8.quantized()) {
+        parts.push_back(fp8_host(p.name, p.shape, how.fp8));
+      } else {
+        parts.push_back(host(p.name, p.shape));
+        if (how.fp8_on_load && p.shape.size() == 2 && linear_layer(p.name))
+          round_to_fp8_blocks(parts.back(), p.shape[0], p.shape[1]);
+      }
+    }
     std::vector<float> all = fuse_rows(std::move(parts), shape.size() > 1 ? K : 1, plan.fuse);
     if (how.format.quantized()) {
       const QuantFormat f = how.format;
@@ -236,6 +276,7 @@ std::vector<TensorLoad> plan_formats(const WeightStore& store, const ModelConfig
   if (quantize.quantized() && !supported(quantize))
     fail("weights", "cannot quantize to {} bits in groups of {} (supported: 4 or 8 bits, groups of 32, 64 or 128)",
          quantize.bits, quantize.group);
+  if (quantize.fp8 && quantize.quantized()) fail("weights", "fp8 and int{} requested together", quantize.bits);
   std::vector<TensorLoad> loads(plans.size());
   for (size_t i = 0; i < plans.size(); ++i) {
     const TensorPlan& plan = plans[i];
@@ -260,6 +301,9 @@ std::vector<TensorLoad> plan_formats(const WeightStore& store, const ModelConfig
         fail("weights", "tensor \"{}\" is stored in {} but {} has no FP8 \"quantization_config\" saying how it is "
              "scaled (quant_method \"fp8\" or \"compressed-tensors\")", first, store.stored_dtype(first), c.source);
       loads[i].fp8 = c.fp8;
+      if (quantize.fp8)
+        fail("weights", "the checkpoint is already {}; it cannot be rounded to fp8 again (drop --weights fp8)",
+             fp8_format_name(c.fp8));
       if (quantize.quantized() && plan.shape()[1] % quantize.group == 0) loads[i].format = quantize;
       continue;
     }
@@ -275,9 +319,14 @@ std::vector<TensorLoad> plan_formats(const WeightStore& store, const ModelConfig
       if (quantize.quantized() && quantize != c.quantization)
         fail("weights", "the checkpoint is already quantized (int{}, group {}); it cannot be loaded as int{}, group {}",
              c.quantization.bits, c.quantization.group, quantize.bits, quantize.group);
+      if (quantize.fp8)
+        fail("weights", "the checkpoint is already quantized (int{}, group {}); it cannot be loaded as fp8",
+             c.quantization.bits, c.quantization.group);
       loads[i] = {c.quantization, true, {}};
     } else if (quantize.quantized() && plan.shape().size() == 2 && plan.shape()[1] % quantize.group == 0) {
       loads[i] = {quantize, false, {}};
+    } else if (quantize.fp8) {
+      loads[i].fp8_on_load = true;
     }
   }
   return loads;

@@ -75,6 +75,9 @@ std::vector<std::string> Model::synthetic_names() {
 }
 
 ModelInfo Model::describe_synthetic(const std::string& name, Device device, QuantFormat quantize) {
+  if (quantize.fp8)
+    fail("weights", "synthetic:{}: fp8 rounds a checkpoint's weights and computes them as floats, so on random "
+         "weights it measures nothing bf16 does not; use bf16", name);
   if (quantize.quantized() && !supported(quantize))
     fail("weights", "cannot quantize to {} bits in groups of {}", quantize.bits, quantize.group);
   ModelInfo info;
@@ -91,6 +94,9 @@ ModelInfo Model::describe_synthetic(const std::string& name, Device device, Quan
 }
 
 std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, uint64_t seed, QuantFormat quantize) {
+  if (quantize.fp8)
+    fail("weights", "synthetic:{}: fp8 rounds a checkpoint's weights and computes them as floats, so on random "
+         "weights it measures nothing bf16 does not; use bf16", name);
   if (quantize.quantized() && !supported(quantize))
     fail("weights", "cannot quantize to {} bits in groups of {}", quantize.bits, quantize.group);
   std::shared_ptr<Model> m(new Model());

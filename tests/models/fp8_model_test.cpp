@@ -147,6 +147,29 @@ TEST_P(Fp8Model, Bf16MatricesAreTheDequantisedValuesRoundedOnce) {
   EXPECT_LT(normalized_error(ql, ref.logits), 0.3);
 }
 
+// --weights fp8 (Model::load's quantize.fp8): the float fixture rounded at
+// load gives the logits of the block-128 fp8 checkpoint made from it by the
+// independent encoder, bit for bit; a checkpoint already in fp8 (or
+// quantized) is not rounded again but refused.
+TEST_P(Fp8Model, RoundingOnLoadIsTheBlock128Checkpoint) {
+  const Reference ref = load_reference(GetParam());
+  const fs::path src = fixtures_dir() / GetParam();
+  TempDir tmp;
+  write_checkpoint(tmp.path() / "q", make_fp8(src, {Fp8Layout::block, 128, 128, false}));
+  auto qm = Model::load(tmp.path() / "q", Device::CPU);
+  auto lm = Model::load(src, Device::CPU, {}, Model::CpuWeights::automatic, QuantFormat{.fp8 = true});
+  EXPECT_FALSE(lm->quantization().quantized());
+  EXPECT_EQ(lm->weight_bytes(), qm->weight_bytes());
+  const std::vector<float> ql = prefill_logits(qm, ref.ids, {.max_write = 7}),
+                           ll = prefill_logits(lm, ref.ids, {.max_write = 7});
+  EXPECT_TRUE(same_bits(ql, ll)) << "max diff " << normalized_error(ql, ll);
+  EXPECT_GT(normalized_error(ll, ref.logits), 1e-6);  // the rounding happened
+  EXPECT_THAT([&] { Model::load(tmp.path() / "q", Device::CPU, {}, Model::CpuWeights::automatic, QuantFormat{.fp8 = true}); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("cannot be rounded to fp8 again")));
+  EXPECT_THAT([&] { Model::synthetic("llama3.2-1b", Device::CPU, 1, QuantFormat{.fp8 = true}); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("use bf16")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, Fp8Model, ::testing::Values("llama", "qwen3", "gemma3"),
                          [](const auto& info) { return info.param; });
 

@@ -156,6 +156,8 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   j["new_tokens"] = f.new_tokens;
   j["weights"] = model->quantization().quantized()
                      ? fmt::format("int{} g{}", model->quantization().bits, model->quantization().group)
+                 : mf.quantize().fp8 || model->fp8_checkpoint().quantized()
+                     ? fmt::format("fp8 as {}", dtype_name(model->matrix_dtype()))
                      : std::string(dtype_name(model->matrix_dtype()));
   j["kv_dtype"] = kv_storage_name(so.kv_storage);
   j["weight_bytes"] = model->weight_bytes();

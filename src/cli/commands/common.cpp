@@ -32,8 +32,9 @@ void ModelFlags::add(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--weights", weights,
                  "Matrix format: bf16 (as stored: float, or the checkpoint's own quantization), or int8 / int4 "
-                 "to quantize a float checkpoint on load (MLX affine, groups of --group-size)")
-      ->check(CLI::IsMember({"bf16", "int8", "int4"}));
+                 "to quantize a float checkpoint on load (MLX affine, groups of --group-size), or fp8 to round its "
+                 "linear layers to fp8 e4m3 in 128x128 blocks (as an FP8 checkpoint; computed as floats for now)")
+      ->check(CLI::IsMember({"bf16", "int8", "int4", "fp8"}));
   app.add_option("--group-size", group_size, "Quantization group of --weights int8|int4: 32, 64 or 128")
       ->capture_default_str();
   app.add_flag("--eager", eager, "Decode without recording the step (debugging, parity)");
@@ -51,8 +52,8 @@ void ModelFlags::check() const {
     if (!value->empty() && parse_kv_format(*value, kv_group).type == KvType::Invalid)
       usage_fail("{} {}: expected f32, bf16, f16, int8, int4 or fp8", flag, *value);
   if (kv_group != 32 && kv_group != 64) usage_fail("--kv-group {}: expected 32 or 64", kv_group);
-  if (!weights.empty() && weights != "bf16" && weights != "int8" && weights != "int4")
-    usage_fail("--weights {}: expected bf16, int8 or int4", weights);
+  if (!weights.empty() && weights != "bf16" && weights != "int8" && weights != "int4" && weights != "fp8")
+    usage_fail("--weights {}: expected bf16, int8, int4 or fp8", weights);
   if (group_size != 32 && group_size != 64 && group_size != 128)
     usage_fail("--group-size {}: expected 32, 64 or 128", group_size);
 }
@@ -60,6 +61,7 @@ void ModelFlags::check() const {
 QuantFormat ModelFlags::quantize() const {
   if (weights == "int8") return {8, group_size};
   if (weights == "int4") return {4, group_size};
+  if (weights == "fp8") return {.fp8 = true};
   return {};
 }
 
