@@ -31,7 +31,7 @@ struct Tuning {
   // T == 1 on affine-quantized weights: x quantized to int8 per vector of
   // the weights (once per block, in shared memory) and integer dot products
   // (DP4A), the default since its H200 run (8B int4 5.2 -> 2.6 ms/token,
-  // held-out perplexity unchanged); qx=f32: f32 x with the codes converted
+  // held-out perplexity +0.03-0.05%); qx=f32: f32 x with the codes converted
   // in the weight stream, which is what steps of 2-8 tokens always use (so
   // speculative decoding, whose verify rows must be decode rows, takes it).
   bool quantized_int8_x = true;
@@ -62,7 +62,7 @@ struct Tuning {
            quantized_int8_x == o.quantized_int8_x && multi == o.multi && prefill_attn == o.prefill_attn;
   }
 
-  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=f32,mt=auto,prefill-attn=flash":
+  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=int8,mt=auto,prefill-attn=flash":
   // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
