@@ -63,7 +63,7 @@ struct TensorLoad {
   QuantFormat format;             // of the Model tensor (bits 0: plain)
   bool stored_quantized = false;  // the checkpoint holds words, scales and biases
   Fp8Format fp8;                  // stored fp8 with scales (dequantized at load), when quantized()
-  bool fp8_on_load = false;       // float in the checkpoint, rounded to fp8 blocks at load (--weights fp8)
+  bool fp8_on_load = false;       // a float linear layer rounded to fp8 blocks at load (--weights fp8)
 };
 
 // A float matrix part [rows, K] rounded as an fp8 checkpoint made from it
@@ -89,11 +89,6 @@ void round_to_fp8_blocks(std::vector<float>& v, int64_t rows, int64_t K) {
       float& x = v[static_cast<size_t>(n * K + k)];
       x = kv_fp8_value(kv_fp8_code(x, s), s);
     }
-}
-
-bool linear_layer(const std::string& name) {
-  constexpr std::string_view kSuffix = "_proj.weight";
-  return name.size() > kSuffix.size() && name.compare(name.size() - kSuffix.size(), kSuffix.size(), kSuffix) == 0;
 }
 
 // An fp8 matrix's scale tensor: "X.weight_scale_inv" (block) or "X.weight_scale".
@@ -199,8 +194,7 @@ struct Loader {
         parts.push_back(fp8_host(p.name, p.shape, how.fp8));
       } else {
         parts.push_back(host(p.name, p.shape));
-        if (how.fp8_on_load && p.shape.size() == 2 && linear_layer(p.name))
-          round_to_fp8_blocks(parts.back(), p.shape[0], p.shape[1]);
+        if (how.fp8_on_load) round_to_fp8_blocks(parts.back(), p.shape[0], p.shape[1]);
       }
     }
     std::vector<float> all = fuse_rows(std::move(parts), shape.size() > 1 ? K : 1, plan.fuse);
@@ -325,8 +319,8 @@ std::vector<TensorLoad> plan_formats(const WeightStore& store, const ModelConfig
       loads[i] = {c.quantization, true, {}};
     } else if (quantize.quantized() && plan.shape().size() == 2 && plan.shape()[1] % quantize.group == 0) {
       loads[i] = {quantize, false, {}};
-    } else if (quantize.fp8) {
-      loads[i].fp8_on_load = true;
+    } else if (quantize.fp8 && plan.shape().size() == 2 && first.ends_with("_proj.weight")) {
+      loads[i].fp8_on_load = true;  // linear layers only, as transformers' modules_to_not_convert
     }
   }
   return loads;

@@ -74,12 +74,18 @@ std::vector<std::string> Model::synthetic_names() {
   return n;
 }
 
-ModelInfo Model::describe_synthetic(const std::string& name, Device device, QuantFormat quantize) {
+// The weight formats a synthetic model can take: int8/int4 groups the
+// kernels implement; not fp8, which only rounds a checkpoint's values.
+static void check_synthetic_request(const std::string& name, QuantFormat quantize) {
   if (quantize.fp8)
     fail("weights", "synthetic:{}: fp8 rounds a checkpoint's weights and computes them as floats, so on random "
          "weights it measures nothing bf16 does not; use bf16", name);
   if (quantize.quantized() && !supported(quantize))
     fail("weights", "cannot quantize to {} bits in groups of {}", quantize.bits, quantize.group);
+}
+
+ModelInfo Model::describe_synthetic(const std::string& name, Device device, QuantFormat quantize) {
+  check_synthetic_request(name, quantize);
   ModelInfo info;
   info.config = synthetic_config(name);
   info.device = device;
@@ -94,11 +100,7 @@ ModelInfo Model::describe_synthetic(const std::string& name, Device device, Quan
 }
 
 std::shared_ptr<Model> Model::synthetic(const std::string& name, Device device, uint64_t seed, QuantFormat quantize) {
-  if (quantize.fp8)
-    fail("weights", "synthetic:{}: fp8 rounds a checkpoint's weights and computes them as floats, so on random "
-         "weights it measures nothing bf16 does not; use bf16", name);
-  if (quantize.quantized() && !supported(quantize))
-    fail("weights", "cannot quantize to {} bits in groups of {}", quantize.bits, quantize.group);
+  check_synthetic_request(name, quantize);
   std::shared_ptr<Model> m(new Model());
   m->cfg_ = synthetic_config(name);
   m->device_ = device;

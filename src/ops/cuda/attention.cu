@@ -808,10 +808,10 @@ __device__ __forceinline__ float rounded(float x) {
 }
 
 // kStaged (Tuning::DecodeAttn::staged, and automatic at head dim 256;
-// 16-bit pools, head dim 64, 128 or 256): the tile loop reads K and V from shared memory instead. Tiles of
-// kStagedBytes / D keys (128 / 64 / 32) are copied by cp.async, each warp's
-// copies coalesced (consecutive threads, consecutive 16-byte chunks of a
-// row), the next tile in flight while the current one computes (two
+// 16-bit pools, head dim 64, 128 or 256): the tile loop reads K and V from
+// shared memory instead. Tiles of kStagedBytes / D keys (128 / 64 / 32)
+// are copied by cp.async, each warp's copies coalesced (consecutive
+// threads, consecutive 16-byte chunks of a row), the next tile in flight while the current one computes (two
 // stages). Scores give each key kThreads / keys threads (1 / 2 / 4, 64
 // values each, reduced by shuffles); rows are padded by that many 16-byte
 // chunks and each thread walks its chunks rotated by its part, so a
