@@ -4,7 +4,7 @@
 # build/cuda/kvgraph_gpu_tests, build/cuda/kvgraph_kernel_bench): GPU tests,
 # memcheck/racecheck, kernel reports, decode bench, and a
 # per-kernel profile of one eager decode step. Logs go to $OUT (or /tmp).
-#   bench/gpu_check.sh [tests] [memcheck] [racecheck] [kernels] [bench] [prefill] [staged] [peer] [profile:MODEL] [tune:K=V,K=V] ...
+#   bench/gpu_check.sh [tests] [memcheck] [racecheck] [kernels] [bench] [prefill] [attn] [peer] [profile:MODEL] [tune:K=V,K=V] ...
 set -uo pipefail
 OUT=${OUT:-/tmp}
 mkdir -p /work; [ -e /work/main ] || ln -s "$PWD" /work/main  # tests use the compiled-in source dir
@@ -50,25 +50,27 @@ for step in "$@"; do
       done
       jsonl_table "$OUT/prefill.jsonl" "{r['model']:<24} prompt {r['prompt']:>5} chunk {r['chunk']:>4} \
 {r['tuning'].split('prefill-attn=')[1]:<7} {r['prefill_tok_s']:>9.0f} tok/s  ttft {r['ttft_ms']:8.1f} ms" ;;
-    staged)  # the staged decode attention (--tune attn=staged): its tests, racecheck of them, then decode at
-      # 512 / 8K / 32K keys (and 128K on the 8B shape) with and without it, JSON lines in $OUT/staged.jsonl
-      F='All/CudaAttentionFlat.*staged*:All/CudaAttentionRing.*:CudaAttention.StagedDecode*'
-      build/cuda/kvgraph_gpu_tests --gtest_brief=1 --gtest_filter="$F" > "$OUT/staged_tests.txt" 2>&1
-      echo "staged tests rc $?"; grep -E "^\[ *(FAILED|PASSED) |Failure" "$OUT/staged_tests.txt" | head -20
+    attn)  # the decode attention kernels (--tune attn=fast|staged|mma; ATTN_MODES picks them): the staged and
+      # tensor-core kernels' tests, racecheck of them, then decode at 512 / 8K / 32K keys (and 128K on the 8B
+      # shape) under each, JSON lines in $OUT/attn.jsonl
+      F='All/CudaAttentionFlat.*staged*:All/CudaAttentionFlat.*mma*:All/CudaAttentionRing.*:CudaAttention.*'
+      build/cuda/kvgraph_gpu_tests --gtest_brief=1 --gtest_filter="$F" > "$OUT/attn_tests.txt" 2>&1
+      echo "attn tests rc $?"; grep -E "^\[ *(FAILED|PASSED) |Failure" "$OUT/attn_tests.txt" | head -20
       timeout 240 compute-sanitizer --tool racecheck --error-exitcode 7 build/cuda/kvgraph_gpu_tests --gtest_brief=1 \
-        --gtest_filter='All/CudaAttentionFlat.*D128*staged*:CudaAttention.StagedDecode*' > "$OUT/staged_racecheck.txt" 2>&1
-      echo "staged racecheck rc $?"; grep -E "RACECHECK SUMMARY|FAILED" "$OUT/staged_racecheck.txt" | head -3
-      : > "$OUT/staged.jsonl"
+        --gtest_filter="${ATTN_RACECHECK_FILTER:-All/CudaAttentionFlat.*mma*:All/CudaAttentionFlat.*D128*staged*}" \
+        > "$OUT/attn_racecheck.txt" 2>&1
+      echo "attn racecheck rc $?"; grep -E "RACECHECK SUMMARY|FAILED" "$OUT/attn_racecheck.txt" | head -3
+      : > "$OUT/attn.jsonl"
       for run in "synthetic:llama3.1-8b,synthetic:llama3.2-1b,synthetic:gemma3-1b 512" \
                  "synthetic:llama3.1-8b,synthetic:llama3.2-1b,synthetic:gemma3-1b 8192" \
                  "synthetic:llama3.1-8b,synthetic:llama3.2-1b,synthetic:gemma3-1b 32768" "synthetic:llama3.1-8b 131072"; do
         set -- $run
-        for t in fast staged; do
+        for t in ${ATTN_MODES:-fast staged mma}; do
           build/cuda/kvgraph bench --device cuda --quiet --json --models "$1" --prompt "$2" --chunk 512 --new-tokens 32 \
-            --tune attn=$t >> "$OUT/staged.jsonl" || echo "bench $run $t failed"
+            --tune attn=$t >> "$OUT/attn.jsonl" || echo "bench $run $t failed"
         done
       done
-      jsonl_table "$OUT/staged.jsonl" "{r['model']:<24} prompt {r['prompt']:>6} {r['tuning'].split(',')[1]:<12} \
+      jsonl_table "$OUT/attn.jsonl" "{r['model']:<24} prompt {r['prompt']:>6} {r['tuning'].split(',')[1]:<12} \
 decode {r['decode_ms_median']:7.3f} ms  of floor {r.get('fraction_of_floor') or 0:.3f}" ;;
     tune:*)  # the decode shapes under kernel tuning, e.g. tune:attn-chunk=64,attn-heads=2 or tune:gemv=warp4
       spec=${step#tune:}

@@ -18,11 +18,15 @@ struct Tuning {
   // Decode (T <= kMaxDecodeQueries) attention: fast (the decode kernel,
   // K/V rows read straight from global memory), staged (the decode kernel
   // with its K/V tiles copied to shared memory by cp.async, coalesced and
-  // double buffered; 16-bit pools at head dim 64/128/256), legacy (through
-  // the T > 1 kernel, for comparison). automatic: staged at head dim 256,
-  // fast otherwise (H200: staged is 11-21% faster on gemma3-1b, 1-12%
-  // slower on the llama shapes; figures in docs/design.md).
-  enum class DecodeAttn : uint8_t { automatic, fast, staged, legacy };
+  // double buffered; 16-bit pools at head dim 64/128/256), mma (tensor
+  // cores, each warp its own cp.async pipeline, q and P carried as two
+  // rounded halves; 16-bit pools at head dim 64/128/256), legacy (through
+  // the T > 1 kernel, for comparison). automatic: mma over spans of more
+  // than 2K keys at head dim 128, staged at head dim 256, fast otherwise
+  // (H200: mma 1.3-1.8x faster on llama3.1-8b at 8K-128K keys, slower at
+  // head dims 64 and 256; staged 11-21% faster on gemma3-1b; figures in
+  // docs/design.md).
+  enum class DecodeAttn : uint8_t { automatic, fast, staged, legacy, mma };
   DecodeAttn decode_attn = DecodeAttn::automatic;
   int attn_heads = 0;   // most query heads per decode block (1, 2, 4, 8); 0: by span
   int attn_chunk = 0;   // fewest keys per decode split; 0: from the head dim

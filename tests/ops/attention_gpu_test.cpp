@@ -39,14 +39,21 @@ struct Case {
   float scale_mult = 1.f;  // scale = scale_mult / sqrt(D)
   int max_splits = 8;
   int min_chunk = 4;
+  int ws_q_heads = 0;  // the workspace's max_q_heads (0: Hq); more leaves room for more splits
   bool fused_qkv = false;  // q, k, v as strided views of one [T, (Hq + 2 Hkv) * D] buffer
   bool prologue = false;   // q/k RMSNorm (Gemma's 1 + w) and RoPE inside the kernel
   bool pdl = true;         // programmatic dependent launch
   // Steps of T > kMaxDecodeQueries: attend_kernel (legacy) or the tensor-core
   // flash_attend_kernel (16-bit storage, head dim 64/128/256).
   Tuning::PrefillAttn prefill = Tuning::PrefillAttn::legacy;
-  bool staged = false;  // decode steps through the staged kernel (DecodeAttn::staged), else the fast one
+  // Decode steps (T <= kMaxDecodeQueries): the fast kernel, the staged one or
+  // the tensor-core one (DecodeAttn::mma; 16-bit pools at head dim 64/128/256).
+  Tuning::DecodeAttn decode = Tuning::DecodeAttn::fast;
 };
+
+const char* decode_name(Tuning::DecodeAttn d) {
+  return d == Tuning::DecodeAttn::staged ? "staged" : d == Tuning::DecodeAttn::mma ? "mma" : "";
+}
 
 // The prologue on the host, in f32 as the CPU backend does it: per-head
 // RMSNorm with (1 + w), then rotate-half RoPE at `pos`.
@@ -68,7 +75,8 @@ std::string describe(const Case& c) {
   return "Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) + " D=" + std::to_string(c.D) + " " +
          std::string(dtype_name(c.storage)) + (c.window ? " ring W=" + std::to_string(c.window) : " flat") +
          (c.softcap > 0 ? " softcap" : "") + (c.fused_qkv ? " fused" : "") + (c.prologue ? " prologue" : "") +
-         (c.prefill == Tuning::PrefillAttn::flash ? " prefill-attn=flash" : "") + (c.staged ? " attn=staged" : "");
+         (c.prefill == Tuning::PrefillAttn::flash ? " prefill-attn=flash" : "") +
+         (c.decode != Tuning::DecodeAttn::fast ? std::string(" attn=") + decode_name(c.decode) : "");
 }
 
 // The reference: full K/V history by absolute position, rounded like the pool.
@@ -125,11 +133,11 @@ class Runner {
         k_pool_(bytes()),
         v_pool_(bytes()),
         pos_(to_device(std::vector<int32_t>{0})),
-        ws_(c.Hq, c.D, c.max_splits, c.min_chunk),
+        ws_(std::max(c.Hq, c.ws_q_heads), c.D, c.max_splits, c.min_chunk),
         hist_{c.Hkv, c.D, c.storage, {}, {}} {
     Tuning t;
     t.prefill_attn = c.prefill;
-    t.decode_attn = c.staged ? Tuning::DecodeAttn::staged : Tuning::DecodeAttn::fast;
+    t.decode_attn = c.decode;
     ws_.tune(t);
     KVGRAPH_CUDA_CHECK(cudaMemset(k_pool_.data(), 0xff, k_pool_.bytes()));  // NaN everywhere
     KVGRAPH_CUDA_CHECK(cudaMemset(v_pool_.data(), 0xff, v_pool_.bytes()));
@@ -147,9 +155,15 @@ class Runner {
   int32_t length() const { return length_; }
   const std::vector<float>& last_output() const { return out_; }
 
-  // One step of T tokens; checks the rows in `rows` (all when empty).
-  // Returns the worst normalised error over the checked rows.
-  double step(int T, uint32_t seed, std::vector<int> rows = {}) {
+  // A step's q, k, v rows ([T, H, D] each) when a test picks them.
+  struct Inputs {
+    std::vector<float> q, k, v;
+  };
+
+  // One step of T tokens (random rows from `seed`, or `given`); checks the
+  // rows in `rows` (all when empty). Returns the worst normalised error over
+  // the checked rows.
+  double step(int T, uint32_t seed, std::vector<int> rows = {}, const Inputs* given = nullptr) {
     const int Hq = c_.Hq, Hkv = c_.Hkv, D = c_.D;
     std::vector<float> q, k, v, qkv;
     int64_t qs = int64_t(Hq) * D, ks = int64_t(Hkv) * D, vs = ks;
@@ -165,9 +179,9 @@ class Runner {
       p.q_stride = p.k_stride = p.v_stride = row;
       qs = ks = vs = row;
     } else {
-      q = randn(size_t(T) * Hq * D, seed);
-      k = randn(size_t(T) * Hkv * D, seed + 1000003);
-      v = randn(size_t(T) * Hkv * D, seed + 2000003);
+      q = given ? given->q : randn(size_t(T) * Hq * D, seed);
+      k = given ? given->k : randn(size_t(T) * Hkv * D, seed + 1000003);
+      v = given ? given->v : randn(size_t(T) * Hkv * D, seed + 2000003);
       dq = to_device(q);
       dk = to_device(k);
       dv = to_device(v);
@@ -267,7 +281,7 @@ struct FlatParam {
   int D, Hq, Hkv;
   DType storage;
   Tuning::PrefillAttn prefill = Tuning::PrefillAttn::legacy;
-  bool staged = false;
+  Tuning::DecodeAttn decode = Tuning::DecodeAttn::fast;
 };
 
 class CudaAttentionFlat : public ::testing::TestWithParam<FlatParam> {};
@@ -282,7 +296,7 @@ TEST_P(CudaAttentionFlat, PrefillThenDecodeMatchesCpu) {
   c.storage = fp.storage;
   c.capacity = 128;
   c.prefill = fp.prefill;
-  c.staged = fp.staged;
+  c.decode = fp.decode;
   Runner r(c);
   uint32_t seed = 1;
   EXPECT_LT(r.step(37, seed++), tol_of(c)) << describe(c) << " prefill";
@@ -306,7 +320,14 @@ std::vector<FlatParam> flat_params() {
   // Decode steps through the staged kernel (16-bit pools at those head dims).
   for (int D : {64, 128, 256})
     for (auto [hq, hkv] : {std::pair{4, 4}, {8, 2}, {14, 2}})
-      for (DType s : {DType::BF16, DType::F16}) v.push_back({D, hq, hkv, s, Tuning::PrefillAttn::flash, true});
+      for (DType s : {DType::BF16, DType::F16})
+        v.push_back({D, hq, hkv, s, Tuning::PrefillAttn::flash, Tuning::DecodeAttn::staged});
+  // Decode steps through the tensor-core kernel: GQA 1, 4, 7 and 16 (two
+  // groups of 8 heads).
+  for (int D : {64, 128, 256})
+    for (auto [hq, hkv] : {std::pair{4, 4}, {8, 2}, {14, 2}, {16, 1}})
+      for (DType s : {DType::BF16, DType::F16})
+        v.push_back({D, hq, hkv, s, Tuning::PrefillAttn::flash, Tuning::DecodeAttn::mma});
   return v;
 }
 
@@ -315,7 +336,9 @@ INSTANTIATE_TEST_SUITE_P(All, CudaAttentionFlat, ::testing::ValuesIn(flat_params
                            return "D" + std::to_string(i.param.D) + "_Hq" + std::to_string(i.param.Hq) + "_Hkv" +
                                   std::to_string(i.param.Hkv) + "_" + std::string(dtype_name(i.param.storage)) +
                                   (i.param.prefill == Tuning::PrefillAttn::flash ? "_flash" : "") +
-                                  (i.param.staged ? "_staged" : "");
+                                  (i.param.decode != Tuning::DecodeAttn::fast
+                                                       ? std::string("_") + decode_name(i.param.decode)
+                                                       : std::string());
                          });
 
 // ---------------------------------------------------------------- ring: many wraps, mixed step sizes
@@ -357,7 +380,12 @@ Case flash(Case c) {
 }
 
 Case staged(Case c) {
-  c.staged = true;
+  c.decode = Tuning::DecodeAttn::staged;
+  return c;
+}
+
+Case mma(Case c) {
+  c.decode = Tuning::DecodeAttn::mma;
   return c;
 }
 
@@ -378,7 +406,14 @@ INSTANTIATE_TEST_SUITE_P(All, CudaAttentionRing,
                                            staged(ring(128, 8, 2, DType::F16, 16, 5, 30.f, 4.f)),
                                            staged(ring(256, 8, 4, DType::BF16, 12, 4)),
                                            staged(ring(64, 4, 1, DType::BF16, 5, 1)),
-                                           staged(flash(ring(128, 8, 2, DType::BF16, 300, 8)))));
+                                           staged(flash(ring(128, 8, 2, DType::BF16, 300, 8))),
+                                           // ... and through the tensor-core kernel
+                                           mma(ring(64, 14, 2, DType::BF16, 16, 5)),
+                                           mma(ring(128, 8, 2, DType::F16, 16, 5, 30.f, 4.f)),
+                                           mma(ring(256, 8, 4, DType::BF16, 12, 4)),
+                                           mma(ring(64, 4, 1, DType::BF16, 5, 1)),
+                                           mma(flash(ring(128, 8, 2, DType::BF16, 300, 8))),
+                                           mma(flash(ring(256, 16, 1, DType::F16, 100, 8, 50.f, 16.f)))));
 
 // ---------------------------------------------------------------- other shapes and features
 
@@ -496,20 +531,47 @@ TEST_P(CudaAttentionLong, RingContextWrapsWithManySplits) {
   for (int i = 0; i < 32; ++i) ASSERT_LT(r.step(1, seed++), kTol) << "decode at " << r.length();
 }
 
-// The staged decode kernel over long spans: many tiles a split (64 keys a
-// tile at head dim 128), many splits, a flat pool and a ring that wrapped,
-// one-token steps and steps of 2..8 queries.
-TEST(CudaAttention, StagedDecodeOverLongFlatAndWrappedRingSpans) {
+// The staged and tensor-core decode kernels over long spans: many tiles a
+// split (64 keys a tile at head dim 128; 16 a warp), many splits, a flat
+// pool and a ring that wrapped, one-token steps and steps of 2..8 queries.
+TEST(CudaAttention, StagedAndMmaDecodeOverLongFlatAndWrappedRingSpans) {
   SKIP_WITHOUT_GPU();
+  for (auto mode : {Tuning::DecodeAttn::staged, Tuning::DecodeAttn::mma})
   for (int window : {0, 3000}) {
     Case c = long_span(window);
     c.prefill = Tuning::PrefillAttn::flash;
-    c.staged = true;
+    c.decode = mode;
     Runner r(c);
     uint32_t seed = 1;
     for (int chunk = 0; chunk < 13; ++chunk)
       ASSERT_LT(r.step(512, seed++, {0, 511}), tol_of(c)) << describe(c) << " prefill chunk " << chunk;
     for (int T : {1, 1, 3, 1, 8, 1, 5, 2, 1})
+      ASSERT_LT(r.step(T, seed++), kTol) << describe(c) << " step of " << T << " at " << r.length();
+  }
+}
+
+// A gemma3-like global layer (one KV head, GQA 4, head dim 256) over 8K
+// keys: its workspace leaves room for more than 64 splits (the session's
+// does, for layers with few heads), so decode steps merge up to 128
+// partials, under each decode kernel.
+TEST(CudaAttention, OneKvHeadLayersMergeUpTo128Splits) {
+  SKIP_WITHOUT_GPU();
+  for (auto mode : {Tuning::DecodeAttn::fast, Tuning::DecodeAttn::staged, Tuning::DecodeAttn::mma}) {
+    Case c;
+    c.D = 256;
+    c.Hq = 4;
+    c.Hkv = 1;
+    c.capacity = 8192;
+    c.max_splits = 128;
+    c.min_chunk = 16;
+    c.ws_q_heads = 128;
+    c.prefill = Tuning::PrefillAttn::flash;
+    c.decode = mode;
+    Runner r(c);
+    uint32_t seed = 1;
+    for (int chunk = 0; chunk < 4; ++chunk)
+      ASSERT_LT(r.step(1024, seed++, {0, 1023}), tol_of(c)) << describe(c) << " prefill chunk " << chunk;
+    for (int T : {1, 1, 4, 1, 8, 1})
       ASSERT_LT(r.step(T, seed++), kTol) << describe(c) << " step of " << T << " at " << r.length();
   }
 }
@@ -647,6 +709,49 @@ TEST(CudaAttention, ShortStepsAreBitwiseTheSameUnderEitherPrefillTuning) {
     ASSERT_EQ(a.size(), b.size());
     EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4)) << dtype_name(st);
   }
+}
+
+// A step of T <= kMaxDecodeQueries queries gives each query bitwise the row
+// a one-token step gives it (what makes a speculative verify step's rows
+// decode rows), under the fast and the tensor-core decode kernels, over a
+// flat pool split many ways and a ring that wrapped.
+TEST(CudaAttention, SeveralQueryStepsAreOneTokenStepsBitwise) {
+  SKIP_WITHOUT_GPU();
+  for (auto mode : {Tuning::DecodeAttn::fast, Tuning::DecodeAttn::mma})
+    for (int window : {0, 700})
+      for (int D : {64, 128, 256}) {
+        Case c = window ? ring(D, 8, 2, DType::BF16, window, 64) : Case{};
+        c.D = D;
+        c.Hq = 8;
+        c.Hkv = 2;
+        c.capacity = 2048;
+        c.max_splits = 32;
+        c.min_chunk = 0;  // the automatic split sizes
+        c.prefill = Tuning::PrefillAttn::flash;
+        c.decode = mode;
+        Runner many(c), one(c);
+        uint32_t seed = 1;
+        for (int i = 0; i < 3; ++i) {
+          many.step(64, seed, {0});
+          one.step(64, seed++, {0});
+        }
+        for (int T : {6, 8, 2}) {
+          Runner::Inputs all{randn(size_t(T) * 8 * D, seed), randn(size_t(T) * 2 * D, seed + 1),
+                             randn(size_t(T) * 2 * D, seed + 2)};
+          seed += 3;
+          ASSERT_LT(many.step(T, 0, {}, &all), kTol) << describe(c);
+          const std::vector<float> rows = many.last_output();
+          for (int t = 0; t < T; ++t) {
+            auto part = [&](const std::vector<float>& x, int H) {
+              return std::vector<float>(x.begin() + size_t(t) * H * D, x.begin() + size_t(t + 1) * H * D);
+            };
+            Runner::Inputs in{part(all.q, 8), part(all.k, 2), part(all.v, 2)};
+            one.step(1, 0, {}, &in);
+            ASSERT_EQ(0, std::memcmp(one.last_output().data(), rows.data() + size_t(t) * 8 * D, size_t(8) * D * 4))
+                << describe(c) << " step of " << T << " row " << t;
+          }
+        }
+      }
 }
 
 TEST(CudaAttention, ResultsAreBitwiseReproducibleWithAndWithoutPdl) {

@@ -148,7 +148,7 @@ __device__ void store_row(const AttnArgs<S>& a, int h, int32_t p, const float* k
   }
 }
 
-constexpr int kMaxSplits = 64;  // AttentionWorkspace caps max_splits here
+constexpr int kMaxSplits = 128;  // AttentionWorkspace caps max_splits here
 
 // The keys [c0, c1) that split `split` of `splits` attends for the query at
 // position p, and how many splits have keys at all (the others exit).
@@ -196,17 +196,19 @@ __device__ void merge_splits(const AttnArgs<S>& a, unsigned* counter, int hq0, i
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   for (int g = warp; g < Gz; g += kWarps) {
     const float* ml = a.part_ml + size_t(part0 + g) * a.ws_splits * 2;
-    float m[2], l[2];
+    constexpr int kPerLane = kMaxSplits / 32;
+    float m[kPerLane], l[kPerLane], mx = -INFINITY;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < kPerLane; ++k) {
       const int s = lane + 32 * k;
       m[k] = s < n_active ? __ldcg(ml + 2 * s) : -INFINITY;
       l[k] = s < n_active ? __ldcg(ml + 2 * s + 1) : 0.f;
+      mx = fmaxf(mx, m[k]);
     }
-    const float M = detail::warp_max(fmaxf(m[0], m[1]));
+    const float M = detail::warp_max(mx);
     float sum = 0.f;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < kPerLane; ++k) {
       const float w = m[k] == -INFINITY ? 0.f : expf(m[k] - M);
       w_s[g][lane + 32 * k] = w;
       sum += l[k] * w;
@@ -807,6 +809,130 @@ __device__ __forceinline__ float rounded(float x) {
   return detail::to_f32(detail::from_f32<S>(x));
 }
 
+template <typename S>
+constexpr bool is_quant = false;
+template <typename KS, typename VS>
+constexpr bool is_quant<detail::QKV<KS, VS>> = true;
+
+// The head of every decode kernel's dynamic shared memory (floats): the
+// group's q rows, the new k and v rows, the q/k norm weights, the RoPE
+// inverse frequencies.
+struct DecodeHead {
+  float* q_s;   // [kMaxG, D]
+  float* k_s;   // [D]: the new k row (after the prologue)
+  float* v_s;   // [D]: the new v row (rounded to the storage type for 16/32-bit pools)
+  float* qn_s;  // [D]
+  float* kn_s;  // [D]
+  float* if_s;  // [D / 2]
+  float* end;   // the kernel's own scratch starts here
+};
+__host__ __device__ constexpr size_t decode_head_floats(int kMaxG, int D) { return size_t(kMaxG) * D + 4 * D + D / 2; }
+__device__ __forceinline__ DecodeHead decode_head(float* smem, int kMaxG, int D) {
+  DecodeHead h;
+  h.q_s = smem;
+  h.k_s = h.q_s + kMaxG * D;
+  h.v_s = h.k_s + D;
+  h.qn_s = h.v_s + D;
+  h.kn_s = h.qn_s + D;
+  h.if_s = h.kn_s + D;
+  h.end = h.if_s + D / 2;
+  return h;
+}
+
+// A decode block's place in the grid (query, kv head, head group, split) and
+// the keys [c0, c1) its split attends for the query at position p.
+struct DecodeBlock {
+  int t, h, zg, Gz, hq0, part_t, split;
+  int32_t p, c0, c1, n_active;
+  float* out_t;  // the query's output rows
+};
+
+// Every decode kernel's start: the norm/RoPE constants (their loads overlap
+// the wait for the previous kernel), then the step's position and the new
+// q/k/v rows in one round of loads, before the block knows whether its split
+// has keys. False (block-uniform): the split has none, the block exits.
+template <typename S, int kMaxG, bool kMulti>
+__device__ bool decode_begin(const AttnArgs<S>& a, const DecodeHead& s, DecodeBlock& b) {
+  const int D = a.D;
+  detail::griddep_launch_dependents();
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    if (a.q_norm) s.qn_s[d] = a.q_norm[d];
+    if (a.k_norm) s.kn_s[d] = a.k_norm[d];
+    if (a.inv_freq && d < D / 2) s.if_s[d] = a.inv_freq[d];
+  }
+  detail::griddep_wait();
+  const int pairs = a.zgroups * a.Hkv;
+  b.t = kMulti ? blockIdx.x / pairs : 0;
+  const int bx = kMulti ? blockIdx.x % pairs : blockIdx.x;
+  b.h = bx % a.Hkv;
+  b.zg = bx / a.Hkv;
+  b.split = blockIdx.y;
+  const int g0 = b.zg * kMaxG;
+  b.Gz = min(kMaxG, a.G - g0);
+  b.hq0 = b.h * a.G + g0;
+  const float* q_t = kMulti ? a.q + b.t * a.q_stride : a.q;
+  const float* k_t = kMulti ? a.k + b.t * a.k_stride : a.k;
+  const float* v_t = kMulti ? a.v + b.t * a.v_stride : a.v;
+  b.out_t = kMulti ? a.out + size_t(b.t) * a.Hq * D : a.out;
+  b.part_t = kMulti ? b.t * a.Hq : 0;  // partial rows of this query's heads
+  b.p = a.pos[0] + b.t;
+  const int lgD = __ffs(D) - 1;  // D is a power of two
+  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads)
+    s.q_s[i] = (i >> lgD) < b.Gz ? q_t[size_t(b.hq0) * D + i] : 0.f;
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    s.k_s[d] = k_t[size_t(b.h) * D + d];
+    const float v = v_t[size_t(b.h) * D + d];
+    if constexpr (is_quant<S>) {
+      s.v_s[d] = v;  // quantized by the kernel
+    } else {
+      s.v_s[d] = detail::to_f32(detail::from_f32<S>(v));
+    }
+  }
+  const SplitRange r = split_range(a, b.p, b.split, gridDim.y);
+  b.c0 = r.c0;
+  b.c1 = r.c1;
+  b.n_active = r.n_active;
+  return b.split < b.n_active;
+}
+
+// After decode_begin (and the kernel's own shared state set up): q heads and
+// the new k row through the norm/RoPE prologue (k_s follows the kMaxG q rows;
+// rows past Gz are zeros and stay zeros), in one pass. Ends synchronised.
+template <typename S, int kMaxG>
+__device__ void decode_prologue(const AttnArgs<S>& a, const DecodeHead& s, const DecodeBlock& b) {
+  __syncthreads();
+  if (a.prologue())
+    head_prologue(s.q_s, kMaxG + 1, kMaxG, a.D, a.q_norm ? s.qn_s : nullptr, a.k_norm ? s.kn_s : nullptr, a.norm_eps,
+                  a.norm_plus_one, a.inv_freq ? s.if_s : nullptr, b.p);
+}
+
+// A decode block's result for head hq0 + g, element d: the output (O / l)
+// when the query has one active split, else the split's partial (O, and
+// (m, l) once per head) for merge_splits.
+template <typename S>
+__device__ __forceinline__ void decode_store(const AttnArgs<S>& a, const DecodeBlock& b, int g, int d, float O, float m,
+                                             float l) {
+  const int hq = b.hq0 + g, row = b.part_t + hq;
+  if (b.n_active == 1) {
+    b.out_t[size_t(hq) * a.D + d] = O / l;
+    return;
+  }
+  a.part_o[(size_t(row) * a.ws_splits + b.split) * a.D + d] = O;
+  if (d == 0) {
+    a.part_ml[(size_t(row) * a.ws_splits + b.split) * 2] = m;
+    a.part_ml[(size_t(row) * a.ws_splits + b.split) * 2 + 1] = l;
+  }
+}
+
+// The last step of a decode block: merge the query's splits (a no-op with one).
+template <typename S, int kMaxG>
+__device__ __forceinline__ void decode_finish(const AttnArgs<S>& a, const DecodeBlock& b) {
+  if (b.n_active == 1) return;
+  const int pairs = a.zgroups * a.Hkv;
+  merge_splits<S, kMaxG>(a, a.counters + b.t * pairs + b.h * a.zgroups + b.zg, b.hq0, b.part_t + b.hq0, b.Gz,
+                         b.n_active, b.out_t);
+}
+
 // kStaged (Tuning::DecodeAttn::staged, and automatic at head dim 256;
 // 16-bit pools, head dim 64, 128 or 256): the tile loop reads K and V from
 // shared memory instead. Tiles of kStagedBytes / D keys (128 / 64 / 32)
@@ -833,64 +959,24 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   const int D = a.D;
   const int DS = D / 8;              // threads per V row in P.V (8 values each)
   const int nKG = kThreads / DS;     // key groups in P.V
-  float* q_s = smem;                 // [kMaxG, D]
-  float* k_s = q_s + kMaxG * D;      // [D]: the new k row after the prologue
-  float* v_s = k_s + D;              // [D]: the new v row
-  float* qn_s = v_s + D;             // [D]: q_norm weights
-  float* kn_s = qn_s + D;            // [D]: k_norm weights
-  float* if_s = kn_s + D;            // [D / 2]: RoPE inverse frequencies
-  float* sc = if_s + D / 2;          // [kMaxG, kTile]: scores, then probabilities
+  const DecodeHead hs = decode_head(smem, kMaxG, D);
+  const float* q_s = hs.q_s;
+  const float* k_s = hs.k_s;
+  const float* v_s = hs.v_s;
+  float* sc = hs.end;                // [kMaxG, kTile]: scores, then probabilities
   float* red = sc + kMaxG * kTile;   // [nKG, kMaxG, D]
 
-  detail::griddep_launch_dependents();
-  // Constants first: their loads overlap the wait for the previous kernel.
-  for (int d = threadIdx.x; d < D; d += kThreads) {
-    if (a.q_norm) qn_s[d] = a.q_norm[d];
-    if (a.k_norm) kn_s[d] = a.k_norm[d];
-    if (a.inv_freq && d < D / 2) if_s[d] = a.inv_freq[d];
-  }
-  detail::griddep_wait();
-
-  const int pairs = a.zgroups * a.Hkv;
-  const int t = kMulti ? blockIdx.x / pairs : 0;  // the query
-  const int bx = kMulti ? blockIdx.x % pairs : blockIdx.x;
-  const int h = bx % a.Hkv;
-  const int zg = bx / a.Hkv;
-  const int split = blockIdx.y, splits = gridDim.y;
-  const int g0 = zg * kMaxG;
-  const int Gz = min(kMaxG, a.G - g0);
-  const int hq0 = h * a.G + g0;
+  DecodeBlock b;
+  if (!decode_begin<S, kMaxG, kMulti>(a, hs, b)) return;
+  const int h = b.h, zg = b.zg, Gz = b.Gz, split = b.split;
+  const int32_t p = b.p, c0 = b.c0, c1 = b.c1;
   const S* kp = a.k_pool + size_t(h) * a.rule.pool * D;
   const S* vp = a.v_pool + size_t(h) * a.rule.pool * D;
-  const float* q_t = kMulti ? a.q + t * a.q_stride : a.q;
-  const float* k_t = kMulti ? a.k + t * a.k_stride : a.k;
-  const float* v_t = kMulti ? a.v + t * a.v_stride : a.v;
-  float* out_t = kMulti ? a.out + size_t(t) * a.Hq * D : a.out;
-  const int part_t = kMulti ? t * a.Hq : 0;  // partial rows of this query's heads
-
-  // The step's position and the new q/k/v rows in one round of loads, before
-  // the block knows whether its split has keys.
-  const int32_t p = a.pos[0] + t;
-  const int lgD = __ffs(D) - 1;  // D is a power of two
-  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads)
-    q_s[i] = (i >> lgD) < Gz ? q_t[size_t(hq0) * D + i] : 0.f;
-  for (int d = threadIdx.x; d < D; d += kThreads) {
-    k_s[d] = k_t[size_t(h) * D + d];
-    v_s[d] = rounded<S>(v_t[size_t(h) * D + d]);
-  }
-  const SplitRange r = split_range(a, p, split, splits);
-  const int32_t c0 = r.c0, c1 = r.c1, n_active = r.n_active;
-  if (split >= n_active) return;  // block-uniform
   if (threadIdx.x < kMaxG) {
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
   }
-  __syncthreads();
-  // q heads and the new k row (k_s follows the kMaxG q rows; the rows past
-  // Gz are zeros and stay zeros) in one pass.
-  if (a.prologue())
-    head_prologue(q_s, kMaxG + 1, kMaxG, D, a.q_norm ? qn_s : nullptr, a.k_norm ? kn_s : nullptr, a.norm_eps,
-                  a.norm_plus_one, a.inv_freq ? if_s : nullptr, p);
+  decode_prologue<S, kMaxG>(a, hs, b);
   if (!kMulti && split == 0 && zg == 0) store_row(a, h, p, k_s, v_s);
 
   const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
@@ -1056,25 +1142,223 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) red[(kg * kMaxG + g) * D + e0 + e] = acc[g][e];
   __syncthreads();
-  const bool single = n_active == 1;
   for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
     const int g = i / D, d = i % D;
     float O = 0.f;
     for (int k = 0; k < nKG; ++k) O += red[(k * kMaxG + g) * D + d];
-    const int hq = hq0 + g, row = part_t + hq;
-    if (single) {
-      out_t[size_t(hq) * D + d] = O / l_run[g];
-    } else {
-      a.part_o[(size_t(row) * a.ws_splits + split) * D + d] = O;
-      if (d == 0) {
-        a.part_ml[(size_t(row) * a.ws_splits + split) * 2] = m_run[g];
-        a.part_ml[(size_t(row) * a.ws_splits + split) * 2 + 1] = l_run[g];
+    decode_store(a, b, g, d, O, m_run[g], l_run[g]);
+  }
+  decode_finish<S, kMaxG>(a, b);
+}
+
+// Decode attention on the tensor cores (Tuning::DecodeAttn::mma; 16-bit
+// pools at head dim 64/128/256; the long-span default). A block owns one
+// KV head, up to 8 query heads of its group (so each K/V row is read once)
+// and one split of the keys, like decode_kernel; its 4 warps work
+// independently: warp w takes sub-tiles w, w + 4, ... of kMmaKeys keys, each
+// copied to the warp's own ring of kMmaStages stages by cp.async (coalesced;
+// two sub-tiles in flight while one computes; only __syncwarp inside the
+// loop). Per sub-tile: S = Q K^T and O += P V with mma.sync m16n8k16, the
+// query heads on rows 0-7 and what rounding them to the storage type lost on
+// rows 8-15 (q = hi + lo, and P = hi + lo likewise), so the scores and the
+// output carry about 16 bits of q and P, not 8: the error stays within the
+// f32 kernels' bounds while the tensor cores do the multiplies. An online
+// softmax per warp in f32 registers; the warps' states merge in warp order,
+// the splits in split order (merge_splits): deterministic.
+constexpr int kMmaKeys = 16;   // keys of a warp's sub-tile
+constexpr int kMmaStages = 3;  // sub-tiles a warp holds (in flight or in use)
+constexpr int kMmaHeads = 8;   // query heads a block carries (mma rows 0-7)
+
+template <int D>
+constexpr size_t decode_mma_smem() {
+  return decode_head_floats(kMmaHeads, D) * sizeof(float) +
+         size_t(2 * kMmaHeads + kWarps * kMmaStages * 2 * kMmaKeys) * (D + 8) * 2;
+}
+
+// hi + lo of (x0, x1) in the storage type: two registers of A fragments.
+template <typename S>
+__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  float unused = 0.f;
+  hi = Mma<S>::pack(x0, x1, unused);
+  S h[2];
+  memcpy(h, &hi, 4);
+  lo = Mma<S>::pack(x0 - detail::to_f32(h[0]), x1 - detail::to_f32(h[1]), unused);
+}
+
+template <typename S, int D, bool kMulti>
+__global__ void __launch_bounds__(kThreads) decode_mma_kernel(AttnArgs<S> a) {
+  constexpr int kMaxG = kMmaHeads, LD = D + 8, CH = D / 8, BK = kMmaKeys, NS = kMmaStages;
+  constexpr int kStage = 2 * BK * LD;      // elements of a stage: K rows, then V rows
+  constexpr bool kQInRegs = D <= 128;       // D = 256: q fragments read per sub-tile
+  constexpr float kLog2e = 1.4426950408889634f;
+  extern __shared__ __align__(16) float smem[];
+  const DecodeHead hs = decode_head(smem, kMaxG, D);
+  S* qm = reinterpret_cast<S*>(hs.end);    // [16, LD]: row g = q_g rounded (hi), row 8 + g = the rest (lo)
+  S* tiles = qm + 2 * kMaxG * LD;          // [kWarps, NS, kStage]
+
+  DecodeBlock b;
+  if (!decode_begin<S, kMaxG, kMulti>(a, hs, b)) return;
+  decode_prologue<S, kMaxG>(a, hs, b);
+  if (!kMulti && b.split == 0 && b.zg == 0) store_row(a, b.h, b.p, hs.k_s, hs.v_s);
+  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads) {
+    const float x = hs.q_s[i];
+    const S hi = detail::from_f32<S>(x);
+    qm[(i / D) * LD + i % D] = hi;
+    qm[(kMaxG + i / D) * LD + i % D] = detail::from_f32<S>(x - detail::to_f32(hi));
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // mma fragment coordinates (lane = 4 g + c) and ldmatrix row addresses, as
+  // in flash_attend_kernel: A (q) 16 rows x 16 dims; B (K^T) 16 keys x 16
+  // dims; B (V, transposed) 16 keys x 16 dims.
+  const int g = lane / 4, c = lane % 4, lrow = lane % 8, lsel = lane / 8;
+  const uint32_t q_addr = smem_addr(qm + (lrow + (lsel & 1) * 8) * LD + (lsel >> 1) * 8);
+  const int k_off = (lrow + (lsel >> 1) * 8) * LD + (lsel & 1) * 8;
+  const int v_off = (lrow + (lsel & 1) * 8) * LD + (lsel >> 1) * 8;
+  uint32_t qf[kQInRegs ? D / 16 : 1][4];
+  if constexpr (kQInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], q_addr + kk * 32);
+  }
+
+  const S* kp = a.k_pool + size_t(b.h) * a.rule.pool * D;
+  const S* vp = a.v_pool + size_t(b.h) * a.rule.pool * D;
+  const int32_t p = b.p, c0 = b.c0, c1 = b.c1;
+  const int n_sub = (c1 - c0 + BK - 1) / BK;
+  const int mine = warp < n_sub ? (n_sub - 1 - warp) / kWarps + 1 : 0;  // the warp's sub-tiles
+  S* wt = tiles + warp * NS * kStage;
+  // The warp's sub-tile i into stage i % NS (rows past c1 and the fresh row
+  // zero: the pool row of p may be in flight); always one commit group.
+  auto load = [&](int i) {
+    if (i < mine) {
+      const int32_t j0 = c0 + (warp + i * kWarps) * BK;
+      S* ks = wt + (i % NS) * kStage;
+#pragma unroll
+      for (int k = 0; k < BK * CH / 32; ++k) {
+        const int idx = lane + 32 * k, r = idx / CH, cc = idx % CH;
+        const int32_t j = j0 + r;
+        const bool valid = j < c1 && j != p;
+        const size_t off = valid ? size_t(slot_of(a.rule, j)) * D + cc * 8 : 0;
+        cp_async16(smem_addr(ks + r * LD + cc * 8), kp + off, valid);
+        cp_async16(smem_addr(ks + (BK + r) * LD + cc * 8), vp + off, valid);
       }
     }
-  }
-  if (single) return;
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) load(i);
 
-  merge_splits<S, kMaxG>(a, a.counters + t * pairs + h * a.zgroups + zg, hq0, part_t + hq0, Gz, n_active, out_t);
+  float o[D / 8][4];  // O: [n][0..1] head g (hi rows), [n][2..3] head g (lo rows), dims 8 n + 2 c, + 1
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f;  // head g; l_run sums this lane's keys only
+
+  for (int i = 0; i < mine; ++i) {
+    load(i + NS - 1);
+    cp_async_wait<NS - 1>();
+    __syncwarp();
+    S* ks = wt + (i % NS) * kStage;
+    const int32_t j0 = c0 + (warp + i * kWarps) * BK;
+    if (j0 <= p && p < j0 + BK) {  // warp-uniform: the new row as stored
+      const int r = p - j0;
+      for (int d = lane; d < D; d += 32) {
+        ks[r * LD + d] = detail::from_f32<S>(hs.k_s[d]);
+        ks[(BK + r) * LD + d] = detail::from_f32<S>(hs.v_s[d]);
+      }
+      __syncwarp();
+    }
+    const uint32_t ka = smem_addr(ks + k_off), va = smem_addr(ks + BK * LD + v_off);
+    // S = Q K^T: [n][0..1] hi rows, [n][2..3] lo rows, keys 8 n + 2 c, + 1.
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t af[4], bf[4];
+      if constexpr (kQInRegs) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) af[e] = qf[kk][e];
+      } else {
+        ldmatrix_x4(af, q_addr + kk * 32);
+      }
+      ldmatrix_x4(bf, ka + kk * 32);
+      Mma<S>::mma(s[0], af, bf[0], bf[1]);
+      Mma<S>::mma(s[1], af, bf[2], bf[3]);
+    }
+    float x[4];  // keys 2 c, 2 c + 1, 8 + 2 c, 9 + 2 c
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float v = (s[n][e] + s[n][e + 2]) * a.scale;
+        if (a.softcap > 0.f) v = kvgraph::softcap(v, a.softcap);
+        v = j0 + n * 8 + 2 * c + e < c1 ? v : -INFINITY;
+        x[2 * n + e] = v;
+        mx = fmaxf(mx, v);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);  // finite: a sub-tile holds a key below c1
+    const float base = m_new * kLog2e;
+    const float corr = exp2f(fmaf(m_run, kLog2e, -base));  // 0 while m_run is -inf
+    m_run = m_new;
+    float pr[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pr[e] = exp2f(fmaf(x[e], kLog2e, -base));
+    l_run = fmaf(l_run, corr, (pr[0] + pr[1]) + (pr[2] + pr[3]));
+    uint32_t pf[4];  // A (P): rows g hi / 8 + g lo x keys 0-7 / 8-15
+    split_pair<S>(pr[0], pr[1], pf[0], pf[1]);
+    split_pair<S>(pr[2], pr[3], pf[2], pf[3]);
+#pragma unroll
+    for (int n2 = 0; n2 < D / 16; ++n2) {
+      uint32_t bv[4];
+      ldmatrix_x4_trans(bv, va + n2 * 32);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        o[2 * n2][e] *= corr;
+        o[2 * n2 + 1][e] *= corr;
+      }
+      Mma<S>::mma(o[2 * n2], pf, bv[0], bv[1]);
+      Mma<S>::mma(o[2 * n2 + 1], pf, bv[2], bv[3]);
+    }
+    __syncwarp();  // the next load refills stage (i + NS) % NS... after every lane read this one
+  }
+  cp_async_wait<0>();
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+
+  // The warps' states through shared memory (the tiles are free now), merged
+  // in warp order.
+  __syncthreads();
+  float* ow = reinterpret_cast<float*>(tiles);  // [kWarps, kMaxG, D]
+  float* mlw = ow + kWarps * kMaxG * D;         // [kWarps, kMaxG, 2]
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+    *reinterpret_cast<float2*>(ow + (warp * kMaxG + g) * D + n * 8 + 2 * c) =
+        make_float2(o[n][0] + o[n][2], o[n][1] + o[n][3]);
+  if (c == 0) {
+    mlw[(warp * kMaxG + g) * 2] = m_run;
+    mlw[(warp * kMaxG + g) * 2 + 1] = l_run;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < b.Gz * D; i += kThreads) {
+    const int gg = i / D, d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, mlw[(w * kMaxG + gg) * 2]);
+    float O = 0.f, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = mlw[(w * kMaxG + gg) * 2];
+      const float e = mw == -INFINITY ? 0.f : expf(mw - M);  // a warp without keys adds nothing
+      O = fmaf(e, ow[(w * kMaxG + gg) * D + d], O);
+      L = fmaf(e, mlw[(w * kMaxG + gg) * 2 + 1], L);
+    }
+    decode_store(a, b, gg, d, O, M, L);
+  }
+  decode_finish<S, kMaxG>(a, b);
 }
 
 // k/v rows of the step's T tokens -> pool slots (rounded to the storage type).
@@ -1339,13 +1623,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
   const int DS = D / 8;              // threads per V row in P.V (8 values each)
   const int nKG = kThreads / DS;     // key groups in P.V
   const int n_chunks = a.k_code_row / 16;  // 16-byte chunks of a K row (<= 16)
-  float* q_s = smem;                 // [kMaxG, D]
-  float* k_s = q_s + kMaxG * D;      // [D]: the new k row after the prologue
-  float* v_s = k_s + D;              // [D]: the new v row
-  float* qn_s = v_s + D;             // [D]: q_norm weights
-  float* kn_s = qn_s + D;            // [D]: k_norm weights
-  float* if_s = kn_s + D;            // [D / 2]: RoPE inverse frequencies
-  float* qsum_s = if_s + D / 2;      // [kMaxG, 16]: sum of q over each K chunk
+  const DecodeHead hs = decode_head(smem, kMaxG, D);
+  const float* q_s = hs.q_s;
+  const float* k_s = hs.k_s;
+  const float* v_s = hs.v_s;
+  float* qsum_s = hs.end;            // [kMaxG, 16]: sum of q over each K chunk
   float* sc = qsum_s + kMaxG * 16;   // [kMaxG, kTile]: scores, then probabilities
   float* red = sc + kMaxG * kTile;   // [nKG, kMaxG, D]
   uint32_t* vpar_s = reinterpret_cast<uint32_t*>(red + nKG * kMaxG * D);  // [kTile, 8]: V params of the tile's keys
@@ -1354,44 +1636,19 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
   uint8_t* vq_s = kqa_s + kMaxAuxRow;                              // the new v row as stored
   uint8_t* vqa_s = vq_s + kMaxCodeRow;
 
-  detail::griddep_launch_dependents();
-  for (int d = threadIdx.x; d < D; d += kThreads) {
-    if (a.q_norm) qn_s[d] = a.q_norm[d];
-    if (a.k_norm) kn_s[d] = a.k_norm[d];
-    if (a.inv_freq && d < D / 2) if_s[d] = a.inv_freq[d];
-  }
-  detail::griddep_wait();
-
-  const int h = blockIdx.x % a.Hkv;
-  const int zg = blockIdx.x / a.Hkv;
-  const int split = blockIdx.y, splits = gridDim.y;
-  const int g0 = zg * kMaxG;
-  const int Gz = min(kMaxG, a.G - g0);
-  const int hq0 = h * a.G + g0;
+  DecodeBlock b;
+  if (!decode_begin<S, kMaxG, false>(a, hs, b)) return;
+  const int h = b.h, zg = b.zg, Gz = b.Gz, split = b.split;
+  const int32_t p = b.p, c0 = b.c0, c1 = b.c1;
   const uint8_t* kc = reinterpret_cast<const uint8_t*>(a.k_pool) + size_t(h) * a.rule.pool * a.k_code_row;
   const uint8_t* vc = reinterpret_cast<const uint8_t*>(a.v_pool) + size_t(h) * a.rule.pool * a.v_code_row;
   const uint8_t* ka = a.k_aux + size_t(h) * a.rule.pool * a.k_aux_row;
   const uint8_t* va = a.v_aux + size_t(h) * a.rule.pool * a.v_aux_row;
-
-  const int32_t p = a.pos[0];
-  const int lgD = __ffs(D) - 1;  // D is a power of two
-  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads)
-    q_s[i] = (i >> lgD) < Gz ? a.q[size_t(hq0) * D + i] : 0.f;
-  for (int d = threadIdx.x; d < D; d += kThreads) {
-    k_s[d] = a.k[size_t(h) * D + d];
-    v_s[d] = a.v[size_t(h) * D + d];
-  }
-  const SplitRange r = split_range(a, p, split, splits);
-  const int32_t c0 = r.c0, c1 = r.c1, n_active = r.n_active;
-  if (split >= n_active) return;  // block-uniform
   if (threadIdx.x < kMaxG) {
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
   }
-  __syncthreads();
-  if (a.prologue())
-    head_prologue(q_s, kMaxG + 1, kMaxG, D, a.q_norm ? qn_s : nullptr, a.k_norm ? kn_s : nullptr, a.norm_eps,
-                  a.norm_plus_one, a.inv_freq ? if_s : nullptr, p);
+  decode_prologue<S, kMaxG>(a, hs, b);
   detail::quantize_row_block<KS>(k_s, D, a.k_group, kq_s, kqa_s, kparams_s);
   detail::quantize_row_block<VS>(v_s, D, a.v_group, vq_s, vqa_s, vparams_s);
   if (split == 0 && zg == 0 && p >= 0 && slot_of(a.rule, p) < a.rule.pool)
@@ -1525,25 +1782,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
 #pragma unroll
     for (int e = 0; e < 8; ++e) red[(kg * kMaxG + g) * D + e0 + e] = acc[g][e] + accb[g];
   __syncthreads();
-  const bool single = n_active == 1;
   for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
     const int g = i / D, d = i % D;
     float O = 0.f;
     for (int k = 0; k < nKG; ++k) O += red[(k * kMaxG + g) * D + d];
-    const int hq = hq0 + g;
-    if (single) {
-      a.out[size_t(hq) * D + d] = O / l_run[g];
-    } else {
-      a.part_o[(size_t(hq) * a.ws_splits + split) * D + d] = O;
-      if (d == 0) {
-        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2] = m_run[g];
-        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2 + 1] = l_run[g];
-      }
-    }
+    decode_store(a, b, g, d, O, m_run[g], l_run[g]);
   }
-  if (single) return;
-
-  merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out);
+  decode_finish<S, kMaxG>(a, b);
 }
 
 int group_bucket(int G) { return G >= 5 ? 8 : G >= 3 ? 4 : G; }
@@ -1632,6 +1877,28 @@ void allow_smem(K kernel, size_t bytes) {
     KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
+// The decode grid: (query x kv head x head group, split) with as many splits
+// as fit on the GPU at once (occupancy x SMs), at most max_splits. `one`
+// serves one-token steps, `multi` steps of several queries (each query's
+// split count that of a one-token step).
+template <typename S, typename K>
+void launch_decode_grid(K one, K multi, size_t smem, AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws,
+                        Launch stream) {
+  int per_sm = 0;
+  KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, one, kThreads, smem));
+  const int pairs = a.zgroups * a.Hkv;
+  const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+  if (a.T == 1) {
+    launch(one, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, a);
+    return;
+  }
+  a.ws_splits = splits;  // rows of `splits` partials (max_splits <= ws.fitting_splits: they fit)
+  if (size_t(a.T) * a.Hq * splits * a.D > ws.partial_out_floats() || a.T * pairs > ws.counter_count())
+    fail_op("attention", "a step of " + std::to_string(a.T) + " queries needs more split-KV scratch than the "
+                         "workspace holds (" + std::to_string(a.Hq) + " heads of dim " + std::to_string(a.D) + ")");
+  launch(multi, dim3(static_cast<unsigned>(a.T * pairs), splits), dim3(kThreads), smem, stream, a);
+}
+
 template <typename S, int kMaxG, bool kStaged>
 void launch_decode_as(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
   if constexpr (kStaged) {  // above 48 KB: opt in once, for the most any head dim needs
@@ -1644,23 +1911,30 @@ void launch_decode_as(AttnArgs<S> a, int max_splits, const AttentionWorkspace& w
     }();
     (void)opted_in;
   }
-  const size_t smem = decode_smem<kMaxG>(a.D, kStaged);
-  int per_sm = 0;
-  KVGRAPH_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<S, kMaxG, false, kStaged>, kThreads, smem));
-  const int pairs = a.zgroups * a.Hkv;
-  const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
-  if (a.T == 1) {
-    launch(decode_kernel<S, kMaxG, false, kStaged>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem,
-           stream, a);
-    return;
+  launch_decode_grid(decode_kernel<S, kMaxG, false, kStaged>, decode_kernel<S, kMaxG, true, kStaged>,
+                     decode_smem<kMaxG>(a.D, kStaged), a, max_splits, ws, stream);
+}
+
+template <typename S, int D>
+void launch_decode_mma_d(const AttnArgs<S>& a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
+  constexpr size_t smem = decode_mma_smem<D>();
+  static const bool opted_in = [] {
+    allow_smem(decode_mma_kernel<S, D, false>, smem);
+    allow_smem(decode_mma_kernel<S, D, true>, smem);
+    return true;
+  }();
+  (void)opted_in;
+  launch_decode_grid(decode_mma_kernel<S, D, false>, decode_mma_kernel<S, D, true>, smem, a, max_splits, ws, stream);
+}
+
+// zgroups must count groups of kMmaHeads query heads.
+template <typename S>
+void launch_decode_mma(const AttnArgs<S>& a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
+  switch (a.D) {
+    case 64: launch_decode_mma_d<S, 64>(a, max_splits, ws, stream); break;
+    case 128: launch_decode_mma_d<S, 128>(a, max_splits, ws, stream); break;
+    default: launch_decode_mma_d<S, 256>(a, max_splits, ws, stream); break;
   }
-  a.ws_splits = splits;  // rows of `splits` partials: T queries fit where one-token steps use max_splits
-  if (size_t(a.T) * a.Hq * splits * a.D > ws.partial_out_floats() || a.T * pairs > ws.counter_count())
-    fail_op("attention", "a step of " + std::to_string(a.T) + " queries needs more split-KV scratch than the "
-                         "workspace holds (" + std::to_string(a.Hq) + " heads of dim " + std::to_string(a.D) + ")");
-  launch(decode_kernel<S, kMaxG, true, kStaged>, dim3(static_cast<unsigned>(a.T * pairs), splits), dim3(kThreads), smem,
-         stream, a);
 }
 
 template <typename S, int kMaxG>
@@ -1679,10 +1953,27 @@ void launch_decode(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, 
 // Fewest keys a decode split takes. Automatic (workspace min_chunk 0): about
 // 8K key elements per split (128 keys at head_dim 64, 32 at 256), so a block's
 // work stays short whatever the head size.
-int decode_min_chunk(const AttentionWorkspace& ws, int head_dim) {
+// The tensor-core kernel (mma): at least a sub-tile for each of its warps.
+int decode_min_chunk(const AttentionWorkspace& ws, int head_dim, bool mma) {
   if (ws.tuning().attn_chunk > 0) return ws.tuning().attn_chunk;
   if (ws.min_chunk() > 0) return ws.min_chunk();
-  return std::max(16, 8192 / head_dim);
+  return std::max(mma ? kWarps * kMmaKeys : 16, 8192 / head_dim);
+}
+
+// Whether a decode step over a 16-bit pool takes decode_mma_kernel: under
+// attn=mma, and by default (attn=auto) over spans of more than 2K keys at
+// head dim 128, the one shape where it wins (H200: llama3.1-8b 7.62 -> 5.75
+// ms/token at 32K keys, 16.8 -> 9.3 at 128K). At head dim 64 it loses to
+// the fast kernel (llama3.2-1b at 8K: 1.56 vs 1.13 ms; under ncu its blocks
+// finish in ~9 us but the kernel lasts 46 us, SMs active 19% of it: not
+// understood yet), at 256 to the staged one (gemma3-1b at 32K: 1.52 vs
+// 1.39). Figures: bench/results/h200-2026-12-04-session11.md.
+bool decode_on_mma(const AttentionWorkspace& ws, const AttentionParams& p) {
+  using A = Tuning::DecodeAttn;
+  if (!flash_head_dim(p.head_dim)) return false;
+  const A mode = ws.tuning().decode_attn;
+  const int32_t span = p.rule.window > 0 ? p.rule.window : p.rule.pool;
+  return mode == A::mma || (mode == A::automatic && span > 2048 && p.head_dim == 128);
 }
 
 // Query heads per decode block. Measured on the H200 (notes in
@@ -1738,7 +2029,7 @@ AttentionWorkspace::AttentionWorkspace(int max_q_heads, int max_head_dim, int ma
   if (min_chunk < 0) fail_op("attention", "min_chunk must be >= 0 (0: automatic)");
   partial_out_ = DeviceBuffer(partial_out_floats() * sizeof(float));
   // (m, l) pairs and counters for kMaxDecodeQueries queries of max_q_heads heads.
-  partial_ml_ = DeviceBuffer(size_t(max_q_heads) * kMaxDecodeQueries * max_splits * 2 * sizeof(float));
+  partial_ml_ = DeviceBuffer(size_t(max_q_heads) * kMaxDecodeQueries * scratch_splits() * 2 * sizeof(float));
   counters_ = DeviceBuffer(size_t(counter_count()) * sizeof(unsigned));
   counters_.zero();
 }
@@ -1752,14 +2043,17 @@ int AttentionWorkspace::choose_splits(int n_kv_heads, int64_t max_visible, int m
   return static_cast<int>(std::clamp<int64_t>(s, 1, 64));
 }
 
+int AttentionWorkspace::fitting_splits(int n_q_heads, int head_dim) const {
+  const size_t per_split = size_t(kMaxDecodeQueries) * n_q_heads;
+  const size_t by_out = partial_out_floats() / (per_split * head_dim);
+  const size_t by_ml = size_t(max_q_heads_) * kMaxDecodeQueries * scratch_splits() / per_split;
+  return static_cast<int>(std::clamp<size_t>(std::min(by_out, by_ml), 1, size_t(max_splits_)));
+}
+
 // ---------------------------------------------------------------- entry points
 
 namespace {
 
-template <typename S>
-constexpr bool is_quant = false;
-template <typename KS, typename VS>
-constexpr bool is_quant<detail::QKV<KS, VS>> = true;
 
 // Typed dispatch on the layer's K and V formats: f(tag) with tag float /
 // bf16 / f16 (K and V in one plain format) or QKV<KS, VS> (quantized pairs
@@ -1858,7 +2152,9 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
     // ones (prefill chunks) go to attend_kernel. Over quantized pools only
     // one-token steps do (decode_kernel_q takes one query).
     const bool decode = !legacy && (is_quant<S> ? p.T == 1 : p.T <= kMaxDecodeQueries);
-    const int bucket = group_bucket(std::min(G, decode ? decode_heads(ws, p.rule) : 8));
+    bool mma = false;  // decode_mma_kernel: groups of kMmaHeads query heads
+    if constexpr (is_16bit<S>) mma = decode && decode_on_mma(ws, p);
+    const int bucket = mma ? kMmaHeads : group_bucket(std::min(G, decode ? decode_heads(ws, p.rule) : 8));
     AttnArgs<S> a = make_args<S>(p);
     a.zgroups = (G + bucket - 1) / bucket;
     int splits = 1;
@@ -1872,12 +2168,13 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
       // otherwise the kernel writes the new row itself.
       a.fused_write = p.T == 1 && !(is_quant<S> && legacy);
       if (!a.fused_write) launch_write(a, stream);
-      a.min_chunk = decode_min_chunk(ws, p.head_dim);
+      a.min_chunk = decode_min_chunk(ws, p.head_dim, mma);
       // No more splits than the longest visible span can fill: the grid is
       // fixed when a step is recorded, and blocks past the span only exit.
       const int32_t span = p.rule.window > 0 ? p.rule.window : p.rule.pool;
-      splits = static_cast<int>(std::min<int64_t>(ws.max_splits(), (int64_t(span) + a.min_chunk - 1) / a.min_chunk));
-      a.ws_splits = ws.max_splits();
+      splits = static_cast<int>(std::min<int64_t>(ws.fitting_splits(p.n_q_heads, p.head_dim),
+                                                  (int64_t(span) + a.min_chunk - 1) / a.min_chunk));
+      a.ws_splits = splits;  // row stride of the partials (a launch may use fewer splits)
       a.part_o = ws.partial_out();
       a.part_ml = ws.partial_ml();
       a.counters = ws.counters();
@@ -1892,6 +2189,12 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
       if (p.T > kMaxDecodeQueries && ws.tuning().prefill_attn == Tuning::PrefillAttn::flash &&
           flash_head_dim(p.head_dim)) {
         launch_flash(a, stream);
+        return;
+      }
+    }
+    if constexpr (is_16bit<S>) {
+      if (mma) {
+        launch_decode_mma(a, splits, ws, stream);
         return;
       }
     }

@@ -50,7 +50,7 @@ class CudaContext final : public StreamBackend {
   CudaGraph* capturing_ = nullptr;
   int32_t* pinned_ = nullptr;
   GemmContext gemm_;
-  AttentionWorkspace attention_{/*max_q_heads=*/128, /*max_head_dim=*/256, /*max_splits=*/64, /*min_chunk=*/0};
+  AttentionWorkspace attention_{/*max_q_heads=*/128, /*max_head_dim=*/256, /*max_splits=*/128, /*min_chunk=*/0};
   SelectWorkspace select_;
 };
 

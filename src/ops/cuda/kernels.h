@@ -226,7 +226,7 @@ constexpr int kMaxDecodeQueries = 8;
 // graph that uses it lives. Counters start at zero and are reset by the kernel.
 class AttentionWorkspace {
  public:
-  // max_splits: static cap on blocks per kv head (1..64), the grid's second
+  // max_splits: static cap on blocks per kv head (1..128), the grid's second
   // dimension. min_chunk: fewest keys a split takes, so short contexts run
   // unsplit: a query seeing L keys uses ceil(L / max(min_chunk,
   // ceil(L / max_splits))) splits; 0 picks it from the head dim (about 8K
@@ -244,12 +244,19 @@ class AttentionWorkspace {
   // and a chunk that overrides min_chunk when non-zero.
   void tune(const Tuning& t) { tuning_ = t; }
   const Tuning& tuning() const { return tuning_; }
-  // One-token steps: f32 [max_q_heads, max_splits, head_dim]; a step of T
-  // queries: [T * n_q_heads, splits, head_dim]. Sized for kMaxDecodeQueries
-  // queries at max_splits, so every step of up to that many queries fits.
+  // Split-KV partials of a step of T queries: [T * n_q_heads, splits,
+  // head_dim]. Sized for kMaxDecodeQueries queries of max_q_heads heads at
+  // scratch_splits() (at most 64) splits; fitting_splits() is the most splits
+  // a layer's shape may use so that any step of up to kMaxDecodeQueries
+  // queries fits (layers with few heads, like gemma3's one-KV-head global
+  // layers, get up to max_splits).
   float* partial_out() const { return partial_out_.as<float>(); }
-  size_t partial_out_floats() const { return size_t(kMaxDecodeQueries) * max_q_heads_ * max_splits_ * max_head_dim_; }
-  float* partial_ml() const { return partial_ml_.as<float>(); }    // f32 [kMaxDecodeQueries * max_q_heads, max_splits, 2]
+  size_t partial_out_floats() const {
+    return size_t(kMaxDecodeQueries) * max_q_heads_ * scratch_splits() * max_head_dim_;
+  }
+  int scratch_splits() const { return max_splits_ < 64 ? max_splits_ : 64; }
+  int fitting_splits(int n_q_heads, int head_dim) const;
+  float* partial_ml() const { return partial_ml_.as<float>(); }    // f32 [kMaxDecodeQueries * max_q_heads, scratch_splits, 2]
   unsigned* counters() const { return counters_.as<unsigned>(); }  // u32 [counter_count()]
   int counter_count() const { return kMaxDecodeQueries * max_q_heads_; }
 
