@@ -280,6 +280,7 @@ struct AttendCase {
   bool ring;
   bool packed, prologue;
   float softcap;
+  Tuning tuning{};  // the CUDA stream's
 };
 
 std::string describe(const AttendCase& c) {
@@ -294,6 +295,7 @@ std::string describe(const AttendCase& c) {
 // pools (codes and scales, K then V) after the last step, one float each.
 std::vector<float> run_attend(const AttendCase& c, Stream& s, Device d, bool pools = false) {
   const int max_write = 8, window = 24, capacity = 96;
+  if (d == Device::CUDA) s.set_tuning(c.tuning);
   CacheConfig cfg;
   cfg.storage = c.storage;
   cfg.device = d;
@@ -407,6 +409,31 @@ TEST(BackendOps, UpdateAndAttendQuantized) {
             compare(describe(c) + " pool bytes", 0.0, [&](Stream& s, Device d) { return run_attend(c, s, d, true); });
         }
   report("update_and_attend quantized", before);
+}
+
+// The same over the tensor-core decode kernel for quantized pools
+// (`attn=mma`; head dim 128, one-token steps): the same bounds, the same
+// pool bytes.
+TEST(BackendOps, UpdateAndAttendQuantizedOnTheTensorCores) {
+  SKIP_WITHOUT_GPU();
+  const int before = g_cases;
+  const KvFormat i8g32{KvType::Int8, 32}, i8g64{KvType::Int8, 64}, i4g32{KvType::Int4, 32}, i4g64{KvType::Int4, 64},
+      fp8{KvType::Fp8};
+  const int gqa[][2] = {{4, 4}, {8, 2}, {14, 2}, {4, 1}, {16, 2}};
+  for (const KvStorage& st : {KvStorage{i8g32}, KvStorage{i8g64}, KvStorage{i4g32}, KvStorage{i4g64},
+                              KvStorage{fp8}, KvStorage{i8g64, i4g32}, KvStorage{i8g32, i4g64}})
+    for (bool ring : {false, true})
+      for (const auto& g : gqa)
+        for (int k = 0; k < 4; k += 2) {  // without, then with the prologue (packed, softcap)
+          AttendCase c{g[0], g[1], 128, st, ring, k == 2, k == 2, k == 2 ? 30.f : 0.f, Tuning::parse("attn=mma")};
+          const bool int4 = st.k.type == KvType::Int4 || st.v.type == KvType::Int4;
+          const double tol = !c.prologue ? 1e-4 : int4 ? 0.1 : 2e-2;
+          compare(describe(c) + " attn=mma", tol, [&](Stream& s, Device d) { return run_attend(c, s, d); });
+          if (!c.prologue)
+            compare(describe(c) + " attn=mma pool bytes", 0.0,
+                    [&](Stream& s, Device d) { return run_attend(c, s, d, true); });
+        }
+  report("update_and_attend quantized, attn=mma", before);
 }
 
 }  // namespace

@@ -1791,6 +1791,360 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
   decode_finish<S, kMaxG>(a, b);
 }
 
+// Decode attention over quantized pools on the tensor cores (the
+// decode_mma_kernel scheme; head dim 128, one-token steps; K and V of the
+// formats decode_kernel_q takes). Each warp's stages hold the sub-tile's
+// codes and scales as stored (cp.async); the codes go to f16 exactly
+// (int8/int4 codes are integers below 2^11, e4m3 values are f16 values)
+// in the warp's own K and V tiles, and the mma rows carry q and P as two
+// rounded f16 halves. K: one accumulator set per scale group, so each
+// group's q . codes is scaled once: x = sum_g s_g (q_g . c_g) + b_g sum(q_g).
+// V: the P operand of group g is p * s_g (hi + lo), and sum p * b_g goes on
+// the side. The math of decode_kernel_q (scales factored out of sums of
+// exact products), so its tests' bounds hold. Never a dequantized copy.
+constexpr int kMmaQStages = 4;
+
+template <typename S>
+__device__ __forceinline__ uint32_t pair_f16(uint32_t lo_src, uint32_t hi_src, uint32_t sel) {
+  // Two bytes (codes < 256) as an f16x2 of the codes: 1024 + c, minus 1024.
+  const uint32_t w = (__byte_perm(lo_src, hi_src, sel) & 0x00ff00ffu) | 0x64006400u;
+  __half2 h, m;
+  memcpy(&h, &w, 4);
+  const uint32_t magic = 0x64006400u;
+  memcpy(&m, &magic, 4);
+  h = __hsub2(h, m);
+  uint32_t r;
+  memcpy(&r, &h, 4);
+  return r;
+}
+
+// 16 stored bytes of codes -> their values as f16 pairs, in element order
+// (16 values: int8 / e4m3; 32: int4). out: 8 or 16 words.
+template <typename S>
+__device__ __forceinline__ void codes_to_f16(const uint4& c, uint32_t* out) {
+  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (std::is_same_v<S, detail::q8>) {
+      out[2 * i] = pair_f16<S>(w[i], 0u, 0x0100u);  // selector nibble n: the source byte of result byte n
+      out[2 * i + 1] = pair_f16<S>(w[i], 0u, 0x0302u);
+    } else if constexpr (std::is_same_v<S, detail::q4>) {
+      const uint32_t lo = w[i] & 0x0f0f0f0fu, hi = (w[i] >> 4) & 0x0f0f0f0fu;  // even, odd values
+#pragma unroll
+      for (int k = 0; k < 4; ++k) out[4 * i + k] = pair_f16<S>(lo, hi, uint32_t(k) | (uint32_t(4 + k) << 8));
+    } else {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const __half2_raw h =
+            __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((w[i] >> (16 * k)) & 0xffffu), __NV_E4M3);
+        memcpy(&out[2 * i + k], &h, 4);
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
+               : "memory");
+}
+
+// Stored bytes of a row: codes, and aux (affine: a u32 per group; e4m3: the f32 scale).
+template <typename S, int D>
+constexpr int code_bytes() {
+  return std::is_same_v<S, detail::q4> ? D / 2 : D;
+}
+template <typename S, int D, int G>
+constexpr int aux_bytes() {
+  return detail::QTraits<S>::kAffine ? 4 * (D / G) : 4;
+}
+// Bytes of a warp's stage: K codes, V codes, K aux, V aux of kMmaKeys rows.
+template <typename KS, typename VS, int D, int KG, int VG>
+constexpr int mma_q_stage() {
+  return kMmaKeys * (code_bytes<KS, D>() + code_bytes<VS, D>() + aux_bytes<KS, D, KG>() + aux_bytes<VS, D, VG>());
+}
+template <typename KS, typename VS, int D, int KG, int VG>
+constexpr size_t decode_mma_q_smem() {
+  return decode_head_floats(kMmaHeads, D) * sizeof(float) + size_t(kMmaHeads) * (D / 16) * sizeof(float) +
+         2 * size_t(kMaxCodeRow + kMaxAuxRow) + size_t(2 * kMmaHeads) * (D + 8) * 2 +
+         size_t(kWarps) * (kMmaQStages * mma_q_stage<KS, VS, D, KG, VG>() + kMmaKeys * (D + 8) * 2);
+}
+
+template <typename KS, typename VS, int D, int KG, int VG>
+__global__ void __launch_bounds__(kThreads) decode_mma_kernel_q(AttnArgs<detail::QKV<KS, VS>> a) {
+  using S = detail::QKV<KS, VS>;
+  using F = detail::f16;
+  using KT = detail::QTraits<KS>;
+  using VT = detail::QTraits<VS>;
+  constexpr int kMaxG = kMmaHeads, LD = D + 8, BK = kMmaKeys, NS = kMmaQStages;
+  constexpr int KCR = code_bytes<KS, D>(), VCR = code_bytes<VS, D>();
+  constexpr int KAR = aux_bytes<KS, D, KG>(), VAR = aux_bytes<VS, D, VG>();
+  constexpr int NGK = KT::kAffine ? D / KG : 1, NGV = VT::kAffine ? D / VG : 1;  // scale groups of a row
+  constexpr int KGD = D / NGK, VGD = D / NGV;                                     // values a group
+  constexpr int kStage = mma_q_stage<KS, VS, D, KG, VG>();
+  constexpr float kLog2e = 1.4426950408889634f;
+  static_assert(KCR % 16 == 0 && VCR % 16 == 0 && (BK * KAR) % 16 == 0, "stage parts 16-byte aligned");
+  extern __shared__ __align__(16) float smem[];
+  __shared__ uint32_t kparams_s[8], vparams_s[8];
+  const DecodeHead hs = decode_head(smem, kMaxG, D);
+  float* qsum_s = hs.end;                                            // [kMaxG, D / 16]: sum of q over each group
+  uint8_t* kq_s = reinterpret_cast<uint8_t*>(qsum_s + kMaxG * (D / 16));  // the new k row as stored: codes
+  uint8_t* kqa_s = kq_s + kMaxCodeRow;                               // ... and aux
+  uint8_t* vq_s = kqa_s + kMaxAuxRow;                                // the new v row as stored
+  uint8_t* vqa_s = vq_s + kMaxCodeRow;
+  F* qm = reinterpret_cast<F*>(vqa_s + kMaxAuxRow);                  // [16, LD]: q hi / lo rows
+  uint8_t* wbase = reinterpret_cast<uint8_t*>(qm + 2 * kMaxG * LD);  // per warp: NS stages, then an f16 tile
+
+  DecodeBlock b;
+  if (!decode_begin<S, kMaxG, false>(a, hs, b)) return;
+  decode_prologue<S, kMaxG>(a, hs, b);
+  detail::quantize_row_block<KS>(hs.k_s, D, a.k_group, kq_s, kqa_s, kparams_s);
+  detail::quantize_row_block<VS>(hs.v_s, D, a.v_group, vq_s, vqa_s, vparams_s);
+  if (b.split == 0 && b.zg == 0 && b.p >= 0 && slot_of(a.rule, b.p) < a.rule.pool)
+    copy_stored_row(a, b.h, slot_of(a.rule, b.p), kq_s, kqa_s, vq_s, vqa_s);
+  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads) {
+    const float x = hs.q_s[i];
+    const F hi = detail::from_f32<F>(x);
+    qm[(i / D) * LD + i % D] = hi;
+    qm[(kMaxG + i / D) * LD + i % D] = detail::from_f32<F>(x - detail::to_f32(hi));
+  }
+  for (int i = threadIdx.x; i < kMaxG * NGK; i += kThreads) {
+    const int g = i / NGK, k = i % NGK;
+    float sum = 0.f;
+    for (int e = 0; e < KGD; ++e) sum += hs.q_s[g * D + k * KGD + e];
+    qsum_s[i] = sum;
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, c = lane % 4, lrow = lane % 8, lsel = lane / 8;
+  const uint32_t q_addr = smem_addr(qm + (lrow + (lsel & 1) * 8) * LD + (lsel >> 1) * 8);
+  const int k_off = (lrow + (lsel >> 1) * 8) * LD + (lsel & 1) * 8;
+  const int v_off = (lrow + (lsel & 1) * 8) * LD + (lsel >> 1) * 8;
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], q_addr + kk * 32);
+  float qsum[NGK];
+#pragma unroll
+  for (int k = 0; k < NGK; ++k) qsum[k] = KT::kAffine ? qsum_s[g * NGK + k] : 0.f;
+
+  const size_t row0 = size_t(b.h) * a.rule.pool;
+  const uint8_t* kc = reinterpret_cast<const uint8_t*>(a.k_pool) + row0 * KCR;
+  const uint8_t* vc = reinterpret_cast<const uint8_t*>(a.v_pool) + row0 * VCR;
+  const uint8_t* ka = a.k_aux + row0 * KAR;
+  const uint8_t* va = a.v_aux + row0 * VAR;
+  const int32_t p = b.p, c0 = b.c0, c1 = b.c1;
+  const int n_sub = (c1 - c0 + BK - 1) / BK;
+  const int mine = warp < n_sub ? (n_sub - 1 - warp) / kWarps + 1 : 0;
+  uint8_t* wst = wbase + warp * (NS * kStage + BK * LD * 2);
+  F* ft = reinterpret_cast<F*>(wst + NS * kStage);  // [BK, LD]: the K codes as f16, then the V codes
+  // Stage parts: K codes [BK, KCR], V codes [BK, VCR], K aux [BK, KAR], V aux [BK, VAR].
+  auto load = [&](int i) {
+    if (i < mine) {
+      const int32_t j0 = c0 + (warp + i * kWarps) * BK;
+      uint8_t* st = wst + (i % NS) * kStage;
+      auto rows16 = [&](uint8_t* dst, const uint8_t* src, int row_bytes) {
+        const int per = row_bytes / 16;
+        for (int idx = lane; idx < BK * per; idx += 32) {
+          const int r = idx / per, cc = idx % per;
+          const int32_t j = j0 + r;
+          const bool valid = j < c1 && j != p;
+          const size_t off = valid ? size_t(slot_of(a.rule, j)) * row_bytes + cc * 16 : 0;
+          cp_async16(smem_addr(dst + r * row_bytes + cc * 16), src + off, valid);
+        }
+      };
+      auto rows4 = [&](uint8_t* dst, const uint8_t* src, int row_bytes) {
+        const int per = row_bytes / 4;
+        for (int idx = lane; idx < BK * per; idx += 32) {
+          const int r = idx / per, cc = idx % per;
+          const int32_t j = j0 + r;
+          const bool valid = j < c1 && j != p;
+          const size_t off = valid ? size_t(slot_of(a.rule, j)) * row_bytes + cc * 4 : 0;
+          cp_async4(smem_addr(dst + r * row_bytes + cc * 4), src + off, valid);
+        }
+      };
+      rows16(st, kc, KCR);
+      rows16(st + BK * KCR, vc, VCR);
+      rows4(st + BK * (KCR + VCR), ka, KAR);
+      rows4(st + BK * (KCR + VCR + KAR), va, VAR);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) load(i);
+
+  float o[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
+  float ob[NGV];  // sum of p * V bias, per V group (affine V)
+#pragma unroll
+  for (int k = 0; k < NGV; ++k) ob[k] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f;
+
+  for (int i = 0; i < mine; ++i) {
+    load(i + NS - 1);
+    cp_async_wait<NS - 1>();
+    __syncwarp();
+    uint8_t* st = wst + (i % NS) * kStage;
+    const uint8_t* kcs = st;
+    const uint8_t* vcs = st + BK * KCR;
+    const uint32_t* kas = reinterpret_cast<const uint32_t*>(st + BK * (KCR + VCR));
+    const uint32_t* vas = reinterpret_cast<const uint32_t*>(st + BK * (KCR + VCR + KAR));
+    const int32_t j0 = c0 + (warp + i * kWarps) * BK;
+    if (j0 <= p && p < j0 + BK) {  // warp-uniform: the new row as stored
+      const int r = p - j0;
+      for (int x = lane; x < KCR; x += 32) st[r * KCR + x] = kq_s[x];
+      for (int x = lane; x < VCR; x += 32) st[BK * KCR + r * VCR + x] = vq_s[x];
+      for (int x = lane; x < KAR; x += 32) st[BK * (KCR + VCR) + r * KAR + x] = kqa_s[x];
+      for (int x = lane; x < VAR; x += 32) st[BK * (KCR + VCR + KAR) + r * VAR + x] = vqa_s[x];
+      __syncwarp();
+    }
+    // Codes -> f16 (16 stored bytes a step: 16 or 32 values), K first.
+    auto to_tile = [&](auto tag, const uint8_t* codes, int row_bytes) {
+      using Q = decltype(tag);
+      constexpr int PC = std::is_same_v<Q, detail::q4> ? 32 : 16;
+      for (int idx = lane; idx < BK * row_bytes / 16; idx += 32) {
+        const int r = idx / (row_bytes / 16), cc = idx % (row_bytes / 16);
+        uint32_t w[PC / 2];
+        codes_to_f16<Q>(*reinterpret_cast<const uint4*>(codes + r * row_bytes + cc * 16), w);
+#pragma unroll
+        for (int q = 0; q < PC / 8; ++q)
+          *reinterpret_cast<uint4*>(ft + r * LD + cc * PC + q * 8) =
+              make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
+      }
+      __syncwarp();
+    };
+    to_tile(KS{}, kcs, KCR);
+    const uint32_t kaddr = smem_addr(ft + k_off), vaddr = smem_addr(ft + v_off);
+    // S per K group: [k][n][0..1] hi rows, [2..3] lo rows, keys 8 n + 2 c, + 1.
+    float s[NGK][2][4];
+#pragma unroll
+    for (int k = 0; k < NGK; ++k)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[k][n][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      constexpr int kPerGroup = KGD / 16;
+      uint32_t bf[4];
+      ldmatrix_x4(bf, kaddr + kk * 32);
+      Mma<F>::mma(s[kk / kPerGroup][0], qf[kk], bf[0], bf[1]);
+      Mma<F>::mma(s[kk / kPerGroup][1], qf[kk], bf[2], bf[3]);
+    }
+    float x[4];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int r = n * 8 + 2 * c + e;
+        float v = 0.f;
+#pragma unroll
+        for (int k = 0; k < NGK; ++k) {
+          const uint32_t par = kas[r * (KAR / 4) + (KT::kAffine ? k : 0)];
+          const float part = s[k][n][e] + s[k][n][e + 2];
+          if constexpr (KT::kAffine) {
+            v = fmaf(detail::half_lo(par), part, v);
+            v = fmaf(detail::half_hi(par), qsum[k], v);
+          } else {
+            v = __uint_as_float(par) * part;
+          }
+        }
+        v *= a.scale;
+        if (a.softcap > 0.f) v = kvgraph::softcap(v, a.softcap);
+        v = j0 + r < c1 ? v : -INFINITY;
+        x[2 * n + e] = v;
+        mx = fmaxf(mx, v);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);
+    const float base = m_new * kLog2e;
+    const float corr = exp2f(fmaf(m_run, kLog2e, -base));
+    m_run = m_new;
+    float pr[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) pr[e] = exp2f(fmaf(x[e], kLog2e, -base));
+    l_run = fmaf(l_run, corr, (pr[0] + pr[1]) + (pr[2] + pr[3]));
+    __syncwarp();  // every lane's K fragments are read: the tile takes the V codes
+    to_tile(VS{}, vcs, VCR);
+    // P V per V group: A = p * scale (hi + lo); p * bias on the side.
+#pragma unroll
+    for (int k = 0; k < NGV; ++k) {
+      float ps[4], pb = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = (e / 2) * 8 + 2 * c + (e & 1);
+        const uint32_t par = vas[r * (VAR / 4) + (VT::kAffine ? k : 0)];
+        if constexpr (VT::kAffine) {
+          ps[e] = pr[e] * detail::half_lo(par);
+          pb = fmaf(pr[e], detail::half_hi(par), pb);
+        } else {
+          ps[e] = pr[e] * __uint_as_float(par);
+        }
+      }
+      ob[k] = fmaf(ob[k], corr, pb);
+      uint32_t pf[4];
+      split_pair<F>(ps[0], ps[1], pf[0], pf[1]);
+      split_pair<F>(ps[2], ps[3], pf[2], pf[3]);
+#pragma unroll
+      for (int n2 = k * (VGD / 16); n2 < (k + 1) * (VGD / 16); ++n2) {
+        uint32_t bv[4];
+        ldmatrix_x4_trans(bv, vaddr + n2 * 32);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          o[2 * n2][e] *= corr;
+          o[2 * n2 + 1][e] *= corr;
+        }
+        Mma<F>::mma(o[2 * n2], pf, bv[0], bv[1]);
+        Mma<F>::mma(o[2 * n2 + 1], pf, bv[2], bv[3]);
+      }
+    }
+    __syncwarp();
+  }
+  cp_async_wait<0>();
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+#pragma unroll
+  for (int k = 0; k < NGV; ++k) {
+    ob[k] += __shfl_xor_sync(0xffffffffu, ob[k], 1);
+    ob[k] += __shfl_xor_sync(0xffffffffu, ob[k], 2);
+  }
+
+  __syncthreads();
+  float* ow = reinterpret_cast<float*>(wbase);  // [kWarps, kMaxG, D]
+  float* mlw = ow + kWarps * kMaxG * D;         // [kWarps, kMaxG, 2]
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const float bias = ob[(n * 8) / VGD];
+    *reinterpret_cast<float2*>(ow + (warp * kMaxG + g) * D + n * 8 + 2 * c) =
+        make_float2(o[n][0] + o[n][2] + bias, o[n][1] + o[n][3] + bias);
+  }
+  if (c == 0) {
+    mlw[(warp * kMaxG + g) * 2] = m_run;
+    mlw[(warp * kMaxG + g) * 2 + 1] = l_run;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < b.Gz * D; i += kThreads) {
+    const int gg = i / D, d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, mlw[(w * kMaxG + gg) * 2]);
+    float O = 0.f, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = mlw[(w * kMaxG + gg) * 2];
+      const float e = mw == -INFINITY ? 0.f : expf(mw - M);
+      O = fmaf(e, ow[(w * kMaxG + gg) * D + d], O);
+      L = fmaf(e, mlw[(w * kMaxG + gg) * 2 + 1], L);
+    }
+    decode_store(a, b, gg, d, O, M, L);
+  }
+  decode_finish<S, kMaxG>(a, b);
+}
+
 int group_bucket(int G) { return G >= 5 ? 8 : G >= 3 ? 4 : G; }
 
 void validate(const AttentionParams& p) {
@@ -2116,6 +2470,50 @@ void launch_attend_q(AttnArgs<detail::QKV<KS, VS>> a, int splits, Launch stream)
   launch(attend_kernel_q<KS, VS, kMaxG>, dim3(static_cast<unsigned>(nx), splits), dim3(kThreads), smem, stream, a);
 }
 
+template <typename KS, typename VS, int D, int KG, int VG>
+void launch_decode_mma_q_as(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, Launch stream) {
+  constexpr size_t smem = decode_mma_q_smem<KS, VS, D, KG, VG>();
+  static const bool opted_in = [] {
+    allow_smem(decode_mma_kernel_q<KS, VS, D, KG, VG>, smem);
+    return true;
+  }();
+  (void)opted_in;
+  int per_sm = 0;
+  KVGRAPH_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_mma_kernel_q<KS, VS, D, KG, VG>, kThreads, smem));
+  const int pairs = a.zgroups * a.Hkv;
+  const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+  launch(decode_mma_kernel_q<KS, VS, D, KG, VG>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem,
+         stream, a);
+}
+
+// Head dim 128: groups of 32 or 64 (fp8: its row scale), K and V of one
+// format in one group size, or K int8 with V int4 in any. False: another
+// shape, which decode_kernel_q takes.
+template <typename KS, typename VS>
+bool launch_decode_mma_q(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, Launch stream) {
+  constexpr bool ka = detail::QTraits<KS>::kAffine, va = detail::QTraits<VS>::kAffine;
+  if (a.D != 128 || (ka && a.k_group != 32 && a.k_group != 64) || (va && a.v_group != 32 && a.v_group != 64))
+    return false;
+  if constexpr (!ka || !va) {
+    static_assert(!ka && !va, "fp8 pairs with fp8 only");
+    launch_decode_mma_q_as<KS, VS, 128, 128, 128>(a, max_splits, stream);
+  } else if constexpr (std::is_same_v<KS, VS>) {
+    if (a.k_group != a.v_group) return false;
+    if (a.k_group == 64) launch_decode_mma_q_as<KS, VS, 128, 64, 64>(a, max_splits, stream);
+    else launch_decode_mma_q_as<KS, VS, 128, 32, 32>(a, max_splits, stream);
+  } else {
+    auto with_v = [&](auto kgc) {
+      constexpr int KG = decltype(kgc)::value;
+      if (a.v_group == 64) launch_decode_mma_q_as<KS, VS, 128, KG, 64>(a, max_splits, stream);
+      else launch_decode_mma_q_as<KS, VS, 128, KG, 32>(a, max_splits, stream);
+    };
+    if (a.k_group == 64) with_v(std::integral_constant<int, 64>{});
+    else with_v(std::integral_constant<int, 32>{});
+  }
+  return true;
+}
+
 template <typename S, int kMaxG>
 void launch_decode_any(AttnArgs<S> a, int splits, const AttentionWorkspace& ws, Launch stream) {
   if constexpr (is_quant<S>) {
@@ -2152,8 +2550,9 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
     // ones (prefill chunks) go to attend_kernel. Over quantized pools only
     // one-token steps do (decode_kernel_q takes one query).
     const bool decode = !legacy && (is_quant<S> ? p.T == 1 : p.T <= kMaxDecodeQueries);
-    bool mma = false;  // decode_mma_kernel: groups of kMmaHeads query heads
+    bool mma = false;  // decode_mma_kernel(_q): groups of kMmaHeads query heads
     if constexpr (is_16bit<S>) mma = decode && decode_on_mma(ws, p);
+    if constexpr (is_quant<S>) mma = decode && p.head_dim == 128 && decode_on_mma(ws, p);
     const int bucket = mma ? kMmaHeads : group_bucket(std::min(G, decode ? decode_heads(ws, p.rule) : 8));
     AttnArgs<S> a = make_args<S>(p);
     a.zgroups = (G + bucket - 1) / bucket;
@@ -2197,6 +2596,9 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
         launch_decode_mma(a, splits, ws, stream);
         return;
       }
+    }
+    if constexpr (is_quant<S>) {
+      if (mma && launch_decode_mma_q(a, splits, stream)) return;
     }
     if (decode) {
       switch (bucket) {
