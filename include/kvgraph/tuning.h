@@ -22,7 +22,8 @@ struct Tuning {
   // cores, each warp its own cp.async pipeline, q and P carried as two
   // rounded halves; 16-bit pools at head dim 64/128/256), legacy (through
   // the T > 1 kernel, for comparison). automatic: mma over spans of more
-  // than 2K keys at head dim 128, staged at head dim 256, fast otherwise
+  // than 2K keys at head dim 128 (16-bit and, for one-token steps,
+  // quantized pools), staged at head dim 256, fast otherwise
   // (H200: mma 1.3-1.8x faster on llama3.1-8b at 8K-128K keys, slower at
   // head dims 64 and 256; staged 11-21% faster on gemma3-1b; figures in
   // docs/design.md).
