@@ -19,6 +19,7 @@
 
 #include <cuda_bf16.h>
 
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kv_codec.cuh"
 
@@ -493,9 +494,6 @@ template <> struct Mma<detail::f16> {
   }
 };
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -505,16 +503,6 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-// 16 bytes global -> shared; zeros when !valid (src is then not read).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Two stages of tiles: tile it + 1's copies go out (load_tile commits them),
@@ -1185,12 +1173,95 @@ __device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uin
   lo = Mma<S>::pack(x0 - detail::to_f32(h[0]), x1 - detail::to_f32(h[1]), unused);
 }
 
+// One sub-tile's online-softmax step of a decode_mma lane: x holds its four
+// scores of head g (keys 2 c, 2 c + 1, 8 + 2 c, 9 + 2 c; -inf past the
+// span). The running max over the lane's quad, p = exp(x - m) into pr, l_run
+// rescaled and extended; returns the factor the running output is rescaled by
+// (0 while m_run was -inf).
+__device__ __forceinline__ float mma_softmax_step(const float (&x)[4], float& m_run, float& l_run, float (&pr)[4]) {
+  constexpr float kLog2e = 1.4426950408889634f;
+  float mx = -INFINITY;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) mx = fmaxf(mx, x[e]);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m_run, mx);  // finite: a sub-tile holds a key below c1
+  const float base = m_new * kLog2e;
+  const float corr = exp2f(fmaf(m_run, kLog2e, -base));
+  m_run = m_new;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) pr[e] = exp2f(fmaf(x[e], kLog2e, -base));
+  l_run = fmaf(l_run, corr, (pr[0] + pr[1]) + (pr[2] + pr[3]));
+  return corr;
+}
+
+// O = O * corr + P V over output columns [16 n0, 16 n1) of a decode_mma
+// lane: pf the P fragments (rows g hi / 8 + g lo), vaddr the lane's ldmatrix
+// address into the warp's [16 keys, LD] V tile.
+template <typename S, int D>
+__device__ __forceinline__ void mma_pv(float (&o)[D / 8][4], const uint32_t (&pf)[4], float corr, uint32_t vaddr,
+                                       int n0, int n1) {
+#pragma unroll
+  for (int n2 = n0; n2 < n1; ++n2) {
+    uint32_t bv[4];
+    ldmatrix_x4_trans(bv, vaddr + n2 * 32);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      o[2 * n2][e] *= corr;
+      o[2 * n2 + 1][e] *= corr;
+    }
+    Mma<S>::mma(o[2 * n2], pf, bv[0], bv[1]);
+    Mma<S>::mma(o[2 * n2 + 1], pf, bv[2], bv[3]);
+  }
+}
+
+// The end of a decode_mma kernel, once every copy has landed: each warp's
+// (O, m, l) of head g through shared memory (scratch: the warps' tiles, free
+// now), merged in warp order, stored, the split finished. bias(n): added to
+// the output columns of o[n] (a quantized V's bias sums; 0 otherwise).
+template <typename S, int D, int kMaxG, typename Bias>
+__device__ __forceinline__ void mma_block_finish(const AttnArgs<S>& a, const DecodeBlock& b, float* scratch,
+                                                 const float (&o)[D / 8][4], float m_run, float l_run, Bias bias) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  __syncthreads();
+  float* ow = scratch;                   // [kWarps, kMaxG, D]
+  float* mlw = ow + kWarps * kMaxG * D;  // [kWarps, kMaxG, 2]
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) {
+    const float add = bias(n);
+    *reinterpret_cast<float2*>(ow + (warp * kMaxG + g) * D + n * 8 + 2 * c) =
+        make_float2(o[n][0] + o[n][2] + add, o[n][1] + o[n][3] + add);
+  }
+  if (c == 0) {
+    mlw[(warp * kMaxG + g) * 2] = m_run;
+    mlw[(warp * kMaxG + g) * 2 + 1] = l_run;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < b.Gz * D; i += kThreads) {
+    const int gg = i / D, d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, mlw[(w * kMaxG + gg) * 2]);
+    float O = 0.f, L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = mlw[(w * kMaxG + gg) * 2];
+      const float e = mw == -INFINITY ? 0.f : expf(mw - M);  // a warp without keys adds nothing
+      O = fmaf(e, ow[(w * kMaxG + gg) * D + d], O);
+      L = fmaf(e, mlw[(w * kMaxG + gg) * 2 + 1], L);
+    }
+    decode_store(a, b, gg, d, O, M, L);
+  }
+  decode_finish<S, kMaxG>(a, b);
+}
+
 template <typename S, int D, bool kMulti>
 __global__ void __launch_bounds__(kThreads) decode_mma_kernel(AttnArgs<S> a) {
   constexpr int kMaxG = kMmaHeads, LD = D + 8, CH = D / 8, BK = kMmaKeys, NS = kMmaStages;
   constexpr int kStage = 2 * BK * LD;      // elements of a stage: K rows, then V rows
   constexpr bool kQInRegs = D <= 128;       // D = 256: q fragments read per sub-tile
-  constexpr float kLog2e = 1.4426950408889634f;
   extern __shared__ __align__(16) float smem[];
   const DecodeHead hs = decode_head(smem, kMaxG, D);
   S* qm = reinterpret_cast<S*>(hs.end);    // [16, LD]: row g = q_g rounded (hi), row 8 + g = the rest (lo)
@@ -1209,10 +1280,11 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(AttnArgs<S> a) {
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // mma fragment coordinates (lane = 4 g + c) and ldmatrix row addresses, as
-  // in flash_attend_kernel: A (q) 16 rows x 16 dims; B (K^T) 16 keys x 16
-  // dims; B (V, transposed) 16 keys x 16 dims.
-  const int g = lane / 4, c = lane % 4, lrow = lane % 8, lsel = lane / 8;
+  // mma fragment coordinates (lane = 4 g + c; g: the head of the lane's
+  // rows) and ldmatrix row addresses, as in flash_attend_kernel: A (q) 16
+  // rows x 16 dims; B (K^T) 16 keys x 16 dims; B (V, transposed) 16 keys x
+  // 16 dims.
+  const int c = lane % 4, lrow = lane % 8, lsel = lane / 8;
   const uint32_t q_addr = smem_addr(qm + (lrow + (lsel & 1) * 8) * LD + (lsel >> 1) * 8);
   const int k_off = (lrow + (lsel >> 1) * 8) * LD + (lsel & 1) * 8;
   const int v_off = (lrow + (lsel & 1) * 8) * LD + (lsel >> 1) * 8;
@@ -1287,78 +1359,24 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(AttnArgs<S> a) {
       Mma<S>::mma(s[1], af, bf[2], bf[3]);
     }
     float x[4];  // keys 2 c, 2 c + 1, 8 + 2 c, 9 + 2 c
-    float mx = -INFINITY;
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float v = (s[n][e] + s[n][e + 2]) * a.scale;
         if (a.softcap > 0.f) v = kvgraph::softcap(v, a.softcap);
-        v = j0 + n * 8 + 2 * c + e < c1 ? v : -INFINITY;
-        x[2 * n + e] = v;
-        mx = fmaxf(mx, v);
+        x[2 * n + e] = j0 + n * 8 + 2 * c + e < c1 ? v : -INFINITY;
       }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_run, mx);  // finite: a sub-tile holds a key below c1
-    const float base = m_new * kLog2e;
-    const float corr = exp2f(fmaf(m_run, kLog2e, -base));  // 0 while m_run is -inf
-    m_run = m_new;
     float pr[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) pr[e] = exp2f(fmaf(x[e], kLog2e, -base));
-    l_run = fmaf(l_run, corr, (pr[0] + pr[1]) + (pr[2] + pr[3]));
+    const float corr = mma_softmax_step(x, m_run, l_run, pr);
     uint32_t pf[4];  // A (P): rows g hi / 8 + g lo x keys 0-7 / 8-15
     split_pair<S>(pr[0], pr[1], pf[0], pf[1]);
     split_pair<S>(pr[2], pr[3], pf[2], pf[3]);
-#pragma unroll
-    for (int n2 = 0; n2 < D / 16; ++n2) {
-      uint32_t bv[4];
-      ldmatrix_x4_trans(bv, va + n2 * 32);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        o[2 * n2][e] *= corr;
-        o[2 * n2 + 1][e] *= corr;
-      }
-      Mma<S>::mma(o[2 * n2], pf, bv[0], bv[1]);
-      Mma<S>::mma(o[2 * n2 + 1], pf, bv[2], bv[3]);
-    }
+    mma_pv<S, D>(o, pf, corr, va, 0, D / 16);
     __syncwarp();  // the next load refills stage (i + NS) % NS... after every lane read this one
   }
   cp_async_wait<0>();
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
-
-  // The warps' states through shared memory (the tiles are free now), merged
-  // in warp order.
-  __syncthreads();
-  float* ow = reinterpret_cast<float*>(tiles);  // [kWarps, kMaxG, D]
-  float* mlw = ow + kWarps * kMaxG * D;         // [kWarps, kMaxG, 2]
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-    *reinterpret_cast<float2*>(ow + (warp * kMaxG + g) * D + n * 8 + 2 * c) =
-        make_float2(o[n][0] + o[n][2], o[n][1] + o[n][3]);
-  if (c == 0) {
-    mlw[(warp * kMaxG + g) * 2] = m_run;
-    mlw[(warp * kMaxG + g) * 2 + 1] = l_run;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < b.Gz * D; i += kThreads) {
-    const int gg = i / D, d = i % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, mlw[(w * kMaxG + gg) * 2]);
-    float O = 0.f, L = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = mlw[(w * kMaxG + gg) * 2];
-      const float e = mw == -INFINITY ? 0.f : expf(mw - M);  // a warp without keys adds nothing
-      O = fmaf(e, ow[(w * kMaxG + gg) * D + d], O);
-      L = fmaf(e, mlw[(w * kMaxG + gg) * 2 + 1], L);
-    }
-    decode_store(a, b, gg, d, O, M, L);
-  }
-  decode_finish<S, kMaxG>(a, b);
+  mma_block_finish<S, D, kMaxG>(a, b, reinterpret_cast<float*>(tiles), o, m_run, l_run, [](int) { return 0.f; });
 }
 
 // k/v rows of the step's T tokens -> pool slots (rounded to the storage type).
@@ -1843,11 +1861,6 @@ __device__ __forceinline__ void codes_to_f16(const uint4& c, uint32_t* out) {
   }
 }
 
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0)
-               : "memory");
-}
-
 // Stored bytes of a row: codes, and aux (affine: a u32 per group; e4m3: the f32 scale).
 template <typename S, int D>
 constexpr int code_bytes() {
@@ -1881,7 +1894,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel_q(AttnArgs<detail:
   constexpr int NGK = KT::kAffine ? D / KG : 1, NGV = VT::kAffine ? D / VG : 1;  // scale groups of a row
   constexpr int KGD = D / NGK, VGD = D / NGV;                                     // values a group
   constexpr int kStage = mma_q_stage<KS, VS, D, KG, VG>();
-  constexpr float kLog2e = 1.4426950408889634f;
   static_assert(KCR % 16 == 0 && VCR % 16 == 0 && (BK * KAR) % 16 == 0, "stage parts 16-byte aligned");
   extern __shared__ __align__(16) float smem[];
   __shared__ uint32_t kparams_s[8], vparams_s[8];
@@ -2034,7 +2046,6 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel_q(AttnArgs<detail:
       Mma<F>::mma(s[kk / kPerGroup][1], qf[kk], bf[2], bf[3]);
     }
     float x[4];
-    float mx = -INFINITY;
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
@@ -2054,20 +2065,10 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel_q(AttnArgs<detail:
         }
         v *= a.scale;
         if (a.softcap > 0.f) v = kvgraph::softcap(v, a.softcap);
-        v = j0 + r < c1 ? v : -INFINITY;
-        x[2 * n + e] = v;
-        mx = fmaxf(mx, v);
+        x[2 * n + e] = j0 + r < c1 ? v : -INFINITY;
       }
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(m_run, mx);
-    const float base = m_new * kLog2e;
-    const float corr = exp2f(fmaf(m_run, kLog2e, -base));
-    m_run = m_new;
     float pr[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) pr[e] = exp2f(fmaf(x[e], kLog2e, -base));
-    l_run = fmaf(l_run, corr, (pr[0] + pr[1]) + (pr[2] + pr[3]));
+    const float corr = mma_softmax_step(x, m_run, l_run, pr);
     __syncwarp();  // every lane's K fragments are read: the tile takes the V codes
     to_tile(VS{}, vcs, VCR);
     // P V per V group: A = p * scale (hi + lo); p * bias on the side.
@@ -2089,60 +2090,18 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel_q(AttnArgs<detail:
       uint32_t pf[4];
       split_pair<F>(ps[0], ps[1], pf[0], pf[1]);
       split_pair<F>(ps[2], ps[3], pf[2], pf[3]);
-#pragma unroll
-      for (int n2 = k * (VGD / 16); n2 < (k + 1) * (VGD / 16); ++n2) {
-        uint32_t bv[4];
-        ldmatrix_x4_trans(bv, vaddr + n2 * 32);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          o[2 * n2][e] *= corr;
-          o[2 * n2 + 1][e] *= corr;
-        }
-        Mma<F>::mma(o[2 * n2], pf, bv[0], bv[1]);
-        Mma<F>::mma(o[2 * n2 + 1], pf, bv[2], bv[3]);
-      }
+      mma_pv<F, D>(o, pf, corr, vaddr, k * (VGD / 16), (k + 1) * (VGD / 16));
     }
     __syncwarp();
   }
   cp_async_wait<0>();
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
-  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
 #pragma unroll
   for (int k = 0; k < NGV; ++k) {
     ob[k] += __shfl_xor_sync(0xffffffffu, ob[k], 1);
     ob[k] += __shfl_xor_sync(0xffffffffu, ob[k], 2);
   }
-
-  __syncthreads();
-  float* ow = reinterpret_cast<float*>(wbase);  // [kWarps, kMaxG, D]
-  float* mlw = ow + kWarps * kMaxG * D;         // [kWarps, kMaxG, 2]
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n) {
-    const float bias = ob[(n * 8) / VGD];
-    *reinterpret_cast<float2*>(ow + (warp * kMaxG + g) * D + n * 8 + 2 * c) =
-        make_float2(o[n][0] + o[n][2] + bias, o[n][1] + o[n][3] + bias);
-  }
-  if (c == 0) {
-    mlw[(warp * kMaxG + g) * 2] = m_run;
-    mlw[(warp * kMaxG + g) * 2 + 1] = l_run;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < b.Gz * D; i += kThreads) {
-    const int gg = i / D, d = i % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, mlw[(w * kMaxG + gg) * 2]);
-    float O = 0.f, L = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = mlw[(w * kMaxG + gg) * 2];
-      const float e = mw == -INFINITY ? 0.f : expf(mw - M);
-      O = fmaf(e, ow[(w * kMaxG + gg) * D + d], O);
-      L = fmaf(e, mlw[(w * kMaxG + gg) * 2 + 1], L);
-    }
-    decode_store(a, b, gg, d, O, M, L);
-  }
-  decode_finish<S, kMaxG>(a, b);
+  mma_block_finish<S, D, kMaxG>(a, b, reinterpret_cast<float*>(wbase), o, m_run, l_run,
+                                [&](int n) { return ob[(n * 8) / VGD]; });
 }
 
 int group_bucket(int G) { return G >= 5 ? 8 : G >= 3 ? 4 : G; }
