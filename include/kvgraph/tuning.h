@@ -40,6 +40,10 @@ struct Tuning {
   // in the weight stream, which is what steps of 2-8 tokens always use (so
   // speculative decoding, whose verify rows must be decode rows, takes it).
   bool quantized_int8_x = true;
+  // qx=int8 kernel: stream (weights staged in shared memory by cp.async,
+  // each warp its own ring; the default where scales and biases allow it) or
+  // regs (qgemv_x8_kernel: the stream held in registers, one batch ahead).
+  bool quantized_stream = true;
   // The several-token GEMV (2..8 tokens: verify steps, short prefill chunks):
   // rows per thread group and load batches in flight. Every variant sums
   // each token's row as the one-token GEMV does (bitwise); they differ in
@@ -64,15 +68,16 @@ struct Tuning {
   bool operator==(const Tuning& o) const {
     return gemv == o.gemv && decode_attn == o.decode_attn && attn_heads == o.attn_heads &&
            attn_chunk == o.attn_chunk && programmatic_launch == o.programmatic_launch &&
-           quantized_int8_x == o.quantized_int8_x && multi == o.multi && prefill_attn == o.prefill_attn;
+           quantized_int8_x == o.quantized_int8_x && quantized_stream == o.quantized_stream && multi == o.multi &&
+           prefill_attn == o.prefill_attn;
   }
 
-  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=int8,mt=auto,prefill-attn=flash":
+  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=int8,qgemv=stream,mt=auto,prefill-attn=flash":
   // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
   // auto|block2|warp2|warp4, attn auto|fast|staged|legacy, attn-heads 0|1|2|4|8,
-  // attn-chunk N >= 0, pdl on|off, qx f32|int8, mt auto|r8u2|r4u2|r8u1|r4u4,
+  // attn-chunk N >= 0, pdl on|off, qx f32|int8, qgemv stream|regs, mt auto|r8u2|r4u2|r8u1|r4u4,
   // prefill-attn legacy|flash). Throws kvgraph::Error("[tuning] ...") on an
   // unknown key or value.
   static Tuning parse(std::string_view spec);

@@ -36,11 +36,11 @@ int parse_name(std::string_view key, std::string_view v, const std::string_view 
 }  // namespace
 
 std::string Tuning::describe() const {
-  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={},mt={},prefill-attn={}",
+  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={},qgemv={},mt={},prefill-attn={}",
                      kGemvNames[static_cast<int>(gemv)],
                      kAttnNames[static_cast<int>(decode_attn)],
                      count_str(attn_heads), count_str(attn_chunk), programmatic_launch ? "on" : "off",
-                     quantized_int8_x ? "int8" : "f32", kMultiNames[static_cast<int>(multi)],
+                     quantized_int8_x ? "int8" : "f32", quantized_stream ? "stream" : "regs", kMultiNames[static_cast<int>(multi)],
                      prefill_attn == PrefillAttn::flash ? "flash" : "legacy");
 }
 
@@ -70,13 +70,16 @@ Tuning Tuning::parse(std::string_view spec) {
     } else if (key == "qx") {
       if (v != "f32" && v != "int8") fail("tuning", "qx={}: expected f32 or int8", v);
       t.quantized_int8_x = v == "int8";
+    } else if (key == "qgemv") {
+      if (v != "stream" && v != "regs") fail("tuning", "qgemv={}: expected stream or regs", v);
+      t.quantized_stream = v == "stream";
     } else if (key == "mt") {
       t.multi = static_cast<Multi>(parse_name(key, v, kMultiNames));
     } else if (key == "prefill-attn") {
       if (v != "legacy" && v != "flash") fail("tuning", "prefill-attn={}: expected legacy or flash", v);
       t.prefill_attn = v == "flash" ? PrefillAttn::flash : PrefillAttn::legacy;
     } else {
-      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl, qx, mt, prefill-attn)", key);
+      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl, qx, qgemv, mt, prefill-attn)", key);
     }
   }
   return t;

@@ -58,10 +58,10 @@ struct QWeights {
 enum class Epi { none, bias, residual, gated };
 
 void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvShape shape, GemmContext* gemm,
-           double tol, bool int8_x = false) {
+           double tol, bool int8_x = false, bool qstream = true) {
   SCOPED_TRACE(testing::Message() << "T=" << T << " N=" << N << " K=" << K << " bits=" << bits << " group=" << group
                                   << " epi=" << int(epi) << " norm=" << norm << " shape=" << int(shape)
-                                  << " int8_x=" << int8_x);
+                                  << " int8_x=" << int8_x << " qstream=" << qstream);
   QWeights w(N, K, bits, group, 7 + N + K + bits);
   auto x = randn(size_t(T) * K, 11 + K);
   auto g = randn(K, 13 + K, 0.3f);
@@ -89,6 +89,7 @@ void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvSha
   p.gated = epi == Epi::gated;
   p.shape = shape;
   p.int8_x = int8_x;
+  p.qstream = qstream;
   if (norm) p.norm = dg.as<float>();
   linear(p, gemm, nullptr);
   const auto got = to_host<float>(out, n_out);
@@ -144,23 +145,38 @@ TEST_F(CudaQuantLinear, GemvEpilogues) {
 
 // x quantized to int8 per weight vector in shared memory, DP4A products:
 // within int8 rounding of x (absmax / 127 per vector) of the reference.
+// Both kernels (linear.cu): qgemv_stream_kernel (weights staged through
+// shared memory, the default where scales allow it) and qgemv_x8_kernel
+// (registers; qstream off, and the streamed kernel's fallback).
 TEST_F(CudaQuantLinear, Int8XGemvIsWithinInt8RoundingOfTheReference) {
-  for (int bits : {4, 8})
-    for (int group : {32, 64, 128})
-      for (bool norm : {false, true}) {
-        check(1, 70, 384, bits, group, Epi::none, norm, GemvShape::automatic, nullptr, 1e-2, true);
-        check(1, 64, 4096, bits, group, Epi::bias, norm, GemvShape::automatic, nullptr, 1e-2, true);
-      }
-  for (Epi epi : {Epi::residual, Epi::gated}) check(1, 96, 512, 4, 64, epi, true, GemvShape::automatic, nullptr, 1e-2, true);
-  // The launch shapes (linear.cu, launch_qgemv_x8): 2200 rows of 384 take
-  // a block per 32 rows, 2 vectors a row in flight; 8402 rows of 4096 take
-  // one wave of blocks with 4 vectors a row in flight, each warp streaming
-  // several row quads (more quads than resident warps) and a partial last
-  // quad.
-  for (int bits : {4, 8}) {
-    check(1, 2200, 384, bits, 64, Epi::none, true, GemvShape::automatic, nullptr, 1e-2, true);
-    check(1, 8402, 4096, bits, 64, Epi::none, bits == 4, GemvShape::automatic, nullptr, 1e-2, true);
+  for (bool qstream : {true, false}) {
+    for (int bits : {4, 8})
+      for (int group : {32, 64, 128})
+        for (bool norm : {false, true}) {
+          check(1, 70, 384, bits, group, Epi::none, norm, GemvShape::automatic, nullptr, 1e-2, true, qstream);
+          check(1, 64, 4096, bits, group, Epi::bias, norm, GemvShape::automatic, nullptr, 1e-2, true, qstream);
+        }
+    for (Epi epi : {Epi::residual, Epi::gated})
+      check(1, 96, 512, 4, 64, epi, true, GemvShape::automatic, nullptr, 1e-2, true, qstream);
+    // The launch shapes: 2200 rows of 384 (regs: a block per 32 rows, 2
+    // vectors a row in flight); 8402 rows of 4096 (regs: one wave, 4 vectors
+    // a row in flight; both: each warp streams several row groups, the last
+    // partial).
+    for (int bits : {4, 8}) {
+      check(1, 2200, 384, bits, 64, Epi::none, true, GemvShape::automatic, nullptr, 1e-2, true, qstream);
+      check(1, 8402, 4096, bits, 64, Epi::none, bits == 4, GemvShape::automatic, nullptr, 1e-2, true, qstream);
+    }
   }
+  // The streamed kernel's chunks of 128 code vectors: rows of 448 vectors
+  // (int4, K = 14336: three full chunks and a half one), of 28 (K = 896: one
+  // short chunk), an odd row count (the last pair's second row past N), and
+  // K / group odd at group 128 with bf16 scales (K = 896: falls back to the
+  // register kernel).
+  for (int bits : {4, 8})
+    for (int group : {64, 128}) {
+      check(1, 1001, 896, bits, group, Epi::none, true, GemvShape::automatic, nullptr, 1e-2, true);
+      check(1, 258, 14336, bits, group, Epi::residual, false, GemvShape::automatic, nullptr, 1e-2, true);
+    }
 }
 
 TEST_F(CudaQuantLinear, MultiTokenGemvMatchesDequantisedReference) {

@@ -12,20 +12,21 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=int8,mt=auto,prefill-attn=flash");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=int8,qgemv=stream,mt=auto,prefill-attn=flash");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
   const Tuning t =
-      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=f32,mt=r4u2,prefill-attn=legacy");
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=f32,qgemv=regs,mt=r4u2,prefill-attn=legacy");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::legacy);
   EXPECT_EQ(t.attn_heads, 2);
   EXPECT_EQ(t.attn_chunk, 64);
   EXPECT_FALSE(t.programmatic_launch);
   EXPECT_FALSE(t.quantized_int8_x);
+  EXPECT_FALSE(t.quantized_stream);
   EXPECT_EQ(t.multi, Tuning::Multi::r4u2);
   EXPECT_EQ(t.prefill_attn, Tuning::PrefillAttn::legacy);
   EXPECT_EQ(Tuning::parse(t.describe()), t);
@@ -67,6 +68,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   expect_error("attn-chunk=-1", "attn-chunk=-1");
   expect_error("attn-chunk=12x", "attn-chunk=12x");
   expect_error("pdl=maybe", "pdl=maybe");
+  expect_error("qgemv=fast", "qgemv=fast: expected stream or regs");
   expect_error("mt=r16u1", "mt=r16u1: expected auto, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4 or p8u1");
   expect_error("mt=", "mt=: expected auto");
   expect_error("prefill-attn=fast", "prefill-attn=fast");

@@ -183,6 +183,8 @@ struct LinearParams {
   // results within int8 rounding of x (about 1e-3 relative), not bitwise
   // equal to the f32-x kernel.
   bool int8_x = false;
+  // With int8_x: the streamed kernel (Tuning::quantized_stream) where it fits.
+  bool qstream = true;
 };
 
 // Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
 
 namespace kvgraph::cuda {
@@ -548,12 +549,17 @@ __device__ __forceinline__ float qdot16(uint4 w, const float* x) {
   }
 }
 
-// A constant (weights, scales) as f32 through the read-only path: never
-// something an earlier kernel wrote (see dot16 on PDL).
-__device__ __forceinline__ float load_const(const float* p) { return __ldg(p); }
-__device__ __forceinline__ float load_const(const detail::bf16* p) {
-  return __uint_as_float(uint32_t(__ldg(reinterpret_cast<const unsigned short*>(p))) << 16);
+// A constant (scales, biases) through the read-only path (never something an
+// earlier kernel wrote: see dot16 on PDL), kept as its stored bits until
+// used: converting right after the load would wait for it there, and the
+// x8 kernel refills its registers one batch ahead of their use (a bf16
+// scale converted at the load cost it half its bandwidth, ncu 2026-12-05).
+__device__ __forceinline__ uint32_t load_const_bits(const float* p) { return __float_as_uint(__ldg(p)); }
+__device__ __forceinline__ uint32_t load_const_bits(const detail::bf16* p) {
+  return __ldg(reinterpret_cast<const unsigned short*>(p));
 }
+__device__ __forceinline__ float const_value(uint32_t bits, float) { return __uint_as_float(bits); }
+__device__ __forceinline__ float const_value(uint32_t bits, detail::bf16) { return __uint_as_float(bits << 16); }
 
 template <typename S>
 struct QGemvArgs {
@@ -586,11 +592,12 @@ struct QRows {
     s = a.scales + row * ngroups;
     b = a.biases + row * ngroups;
   }
-  __device__ __forceinline__ void fetch(int r, int vi, uint64_t pol, uint4& wv, float& sv, float& bv) const {
+  // sv, bv: the stored bits (const_value gives the float; zero bits are 0.f).
+  __device__ __forceinline__ void fetch(int r, int vi, uint64_t pol, uint4& wv, uint32_t& sv, uint32_t& bv) const {
     const bool live = r < live_rows && vi < nvec;
     wv = live ? ld_weights(w + size_t(r) * nvec + vi, pol) : make_uint4(0, 0, 0, 0);
-    sv = live ? load_const(s + size_t(r) * ngroups + (vi >> vshift)) : 0.f;
-    bv = live ? load_const(b + size_t(r) * ngroups + (vi >> vshift)) : 0.f;
+    sv = live ? load_const_bits(s + size_t(r) * ngroups + (vi >> vshift)) : 0u;
+    bv = live ? load_const_bits(b + size_t(r) * ngroups + (vi >> vshift)) : 0u;
   }
 };
 
@@ -623,7 +630,7 @@ __global__ void __launch_bounds__(kBlock) qgemv_kernel(QGemvArgs<S> a) {
   bool waited = false;
   for (int base = 0; base < nvec; base += kTPR * kUnroll) {
     uint4 wv[kRows][kUnroll];
-    float sv[kRows][kUnroll], bv[kRows][kUnroll];
+    uint32_t sv[kRows][kUnroll], bv[kRows][kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = base + u * kTPR + tig;
@@ -660,7 +667,8 @@ __global__ void __launch_bounds__(kBlock) qgemv_kernel(QGemvArgs<S> a) {
           for (int i = 0; i < kVE; ++i) sum += h[i];
 #pragma unroll
           for (int r = 0; r < kRows; ++r)
-            acc[t][r] = fmaf(sv[r][u], qdot16<kBits>(wv[r][u], h), fmaf(bv[r][u], sum, acc[t][r]));
+            acc[t][r] = fmaf(const_value(sv[r][u], S{}), qdot16<kBits>(wv[r][u], h),
+                             fmaf(const_value(bv[r][u], S{}), sum, acc[t][r]));
         }
       }
     }
@@ -741,65 +749,56 @@ __device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
   return (uint32_t(a) & 0xFFu) | ((uint32_t(b) & 0xFFu) << 8) | ((uint32_t(c) & 0xFFu) << 16) | (uint32_t(d) << 24);
 }
 
-// Each warp owns quads of four consecutive rows: quad blockIdx.x * warps +
-// warp, then every gridDim.x * warps quads after it (the grid is at most one
-// wave, so x is normalised and quantized once per resident block, not once
-// per 32 rows). Each lane streams 16-byte code vectors of its quad's rows,
-// kUnroll vectors a row in flight: slot u holds vector batch * 32 * kUnroll
-// + u * 32 + lane and is refilled as soon as it is used, with the next
-// batch's vector or, after the quad's last batch, the next quad's first, so
-// the stream does not drain between quads. Weights, scales and biases are
-// constants: the first batch is requested before the PDL wait, in flight
-// while the previous kernel ends and while the block normalises
-// (optionally) and quantizes all of x into shared memory (each thread 8
-// consecutive values; kVE / 8 threads per vector).
-template <typename S, int kBits, bool kNorm, int kUnroll>
-__global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
-  constexpr int kVE = 128 / kBits, kTPV = kVE / 8, kRows = 4;
-  extern __shared__ __align__(16) unsigned char smem[];
-  const GemvArgs<S>& e = a.e;
-  const int K = e.K, nvec = K / kVE;
-  const XQ xq = xq_layout(smem, K, kVE);
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
-  const int quads = (e.N + kRows - 1) / kRows, stride = gridDim.x * warps;
-  const int batches = (nvec + 32 * kUnroll - 1) / (32 * kUnroll);
-  int quad = blockIdx.x * warps + warp;
-  QRows<S, kRows> rows(a, quad * kRows, kVE);
-  const uint64_t pol = evict_first_policy();
-  uint4 wv[kRows][kUnroll];
-  float sv[kRows][kUnroll], bv[kRows][kUnroll];
+// x (times the RMSNorm when kNorm) quantized into shared memory (the XQ
+// layout) by the whole block, after the PDL wait: chunk c = values [8c, 8c +
+// 8), kTPV chunks per vector reduced over their kTPV lanes (aligned: kTPV
+// divides 32); thread t takes chunks t, t + blockDim.x, ... When they fit in
+// kHeld chunks a thread, all of its x is loaded in one round first (one L2
+// round trip instead of one per chunk, and the norm's sum of squares from
+// the registers, not a second pass). Ends with __syncthreads.
+template <typename S, int kBits, bool kNorm, int kHeld>
+__device__ __forceinline__ void quantize_x(const GemvArgs<S>& e, const XQ& xq) {
+  constexpr int kVE = 128 / kBits, kTPV = kVE / 8;
+  const int K = e.K, nchunks = K / 8, step = blockDim.x;
+  const bool held = nchunks <= kHeld * step;
+  auto load = [&](int c, float (&h)[8]) {
+    const float4 v0 = *reinterpret_cast<const float4*>(e.x + 8 * c);
+    const float4 v1 = *reinterpret_cast<const float4*>(e.x + 8 * c + 4);
+    h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w; h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
+  };
+  float hx[kHeld][8];
+  if (held) {
 #pragma unroll
-  for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) rows.fetch(r, u * 32 + lane, pol, wv[r][u], sv[r][u], bv[r][u]);
-  detail::griddep_launch_dependents();
-  detail::griddep_wait();
-
+    for (int j = 0; j < kHeld; ++j) {
+      const int c = j * step + threadIdx.x;
+      if (c < nchunks) load(c, hx[j]);
+    }
+  }
   float inv = 1.f;
   if constexpr (kNorm) {
     __shared__ float red[32];
     float ss = 0.f;
-    for (int k = threadIdx.x * 4; k < K; k += blockDim.x * 4) {
-      const float4 v = *reinterpret_cast<const float4*>(e.x + k);
-      ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+    if (held) {
+#pragma unroll
+      for (int j = 0; j < kHeld; ++j)
+        if (j * step + int(threadIdx.x) < nchunks)
+#pragma unroll
+          for (int i = 0; i < 8; ++i) ss = fmaf(hx[j][i], hx[j][i], ss);
+    } else {
+      for (int k = threadIdx.x * 4; k < K; k += blockDim.x * 4) {
+        const float4 v = *reinterpret_cast<const float4*>(e.x + k);
+        ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+      }
     }
     inv = rsqrtf(detail::block_sum(ss, red) / K + e.norm_eps);
   }
-  // Quantize: chunk c = values [8c, 8c + 8); kTPV chunks per vector, reduced
-  // over their kTPV lanes (aligned: kTPV divides 32).
-  for (int c0 = 0; c0 < K / 8; c0 += blockDim.x) {
-    const int c = c0 + threadIdx.x;
-    const bool live = c < K / 8;
-    float h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (live) {
-      const float4 v0 = *reinterpret_cast<const float4*>(e.x + 8 * c);
-      const float4 v1 = *reinterpret_cast<const float4*>(e.x + 8 * c + 4);
-      h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w; h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
-      if constexpr (kNorm) {
+  // Chunk c's values h (zeros past the end: every lane takes part in the
+  // shuffles) to codes, scale and sums.
+  auto quantize = [&](int c, float (&h)[8]) {
+    const bool live = c < nchunks;
+    if (live && kNorm) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) h[i] *= inv * (e.norm_add + e.norm[8 * c + i]);
-      }
+      for (int i = 0; i < 8; ++i) h[i] *= inv * (e.norm_add + e.norm[8 * c + i]);
     }
     float amax = 0.f, sum = 0.f;
 #pragma unroll
@@ -838,8 +837,95 @@ __global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
         xq.qsum[c / kTPV] = qs;
       }
     }
+  };
+  if (held) {
+#pragma unroll
+    for (int j = 0; j < kHeld; ++j) {
+      if (j * step >= nchunks) break;  // block-uniform
+      const int c = j * step + threadIdx.x;
+      if (c >= nchunks)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) hx[j][i] = 0.f;
+      quantize(c, hx[j]);
+    }
+  } else {
+    for (int c0 = 0; c0 < nchunks; c0 += step) {
+      const int c = c0 + threadIdx.x;
+      float h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (c < nchunks) load(c, h);
+      quantize(c, h);
+    }
   }
   __syncthreads();
+}
+
+// The integer dot product of one 16-byte code vector with its x codes (xw:
+// kVE int8 values, 4 a word, in the order quantize_x stores them); qsum: the
+// vector's sum of x codes (8-bit codes are offset by -128 to be signed).
+template <int kBits>
+__device__ __forceinline__ int dot_x8(const uint4& w, const int* xw, int qsum) {
+  const uint32_t wd[4] = {w.x, w.y, w.z, w.w};
+  int isum = 0;
+  if constexpr (kBits == 4) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      isum = __dp4a(int(wd[i] & 0x0F0F0F0Fu), xw[2 * i], isum);
+      isum = __dp4a(int((wd[i] >> 4) & 0x0F0F0F0Fu), xw[2 * i + 1], isum);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) isum = __dp4a(int(wd[i] ^ 0x80808080u), xw[i], isum);
+    isum += 128 * qsum;
+  }
+  return isum;
+}
+
+// Vector vi's x codes (kVE / 4 words) from shared memory.
+template <int kVE>
+__device__ __forceinline__ void load_xw(const XQ& xq, int vi, int (&xw)[kVE / 4]) {
+#pragma unroll
+  for (int i = 0; i < kVE / 16; ++i) {
+    const uint4 t = reinterpret_cast<const uint4*>(xq.q + vi * kVE)[i];
+    xw[4 * i] = int(t.x); xw[4 * i + 1] = int(t.y); xw[4 * i + 2] = int(t.z); xw[4 * i + 3] = int(t.w);
+  }
+}
+
+// Each warp owns quads of four consecutive rows: quad blockIdx.x * warps +
+// warp, then every gridDim.x * warps quads after it (the grid is at most one
+// wave, so x is normalised and quantized once per resident block, not once
+// per 32 rows). Each lane streams 16-byte code vectors of its quad's rows,
+// kUnroll vectors a row in flight: slot u holds vector batch * 32 * kUnroll
+// + u * 32 + lane and is refilled as soon as it is used, with the next
+// batch's vector or, after the quad's last batch, the next quad's first, so
+// the stream does not drain between quads. Weights, scales and biases are
+// constants: the first batch is requested before the PDL wait, in flight
+// while the previous kernel ends and while the block normalises
+// (optionally) and quantizes all of x into shared memory (each thread 8
+// consecutive values; kVE / 8 threads per vector).
+template <typename S, int kBits, bool kNorm, int kUnroll>
+__global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
+  constexpr int kVE = 128 / kBits, kRows = 4;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const GemvArgs<S>& e = a.e;
+  const int K = e.K, nvec = K / kVE;
+  const XQ xq = xq_layout(smem, K, kVE);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  const int quads = (e.N + kRows - 1) / kRows, stride = gridDim.x * warps;
+  const int batches = (nvec + 32 * kUnroll - 1) / (32 * kUnroll);
+  int quad = blockIdx.x * warps + warp;
+  QRows<S, kRows> rows(a, quad * kRows, kVE);
+  const uint64_t pol = evict_first_policy();
+  uint4 wv[kRows][kUnroll];
+  uint32_t sv[kRows][kUnroll], bv[kRows][kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) rows.fetch(r, u * 32 + lane, pol, wv[r][u], sv[r][u], bv[r][u]);
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+
+  quantize_x<S, kBits, kNorm, 2>(e, xq);  // (few registers to spare: the first batch is held)
 
   for (; quad < quads; quad += stride) {
     const QRows<S, kRows> next(a, (quad + stride) * kRows, kVE);
@@ -851,28 +937,13 @@ __global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
         const int vi = batch * 32 * kUnroll + u * 32 + lane;
         if (vi < nvec) {
           const float xs = xq.scale[vi], xsum = xq.sum[vi];
-          int xw[kVE / 4];  // the vector's x codes, 4 per word
-#pragma unroll
-          for (int i = 0; i < kVE / 16; ++i) {
-            const uint4 t = reinterpret_cast<const uint4*>(xq.q + vi * kVE)[i];
-            xw[4 * i] = int(t.x); xw[4 * i + 1] = int(t.y); xw[4 * i + 2] = int(t.z); xw[4 * i + 3] = int(t.w);
-          }
+          int xw[kVE / 4];
+          load_xw<kVE>(xq, vi, xw);
+          const int qsum = kBits == 8 ? xq.qsum[vi] : 0;
 #pragma unroll
           for (int r = 0; r < kRows; ++r) {
-            const uint32_t wd[4] = {wv[r][u].x, wv[r][u].y, wv[r][u].z, wv[r][u].w};
-            int isum = 0;
-            if constexpr (kBits == 4) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) {
-                isum = __dp4a(int(wd[i] & 0x0F0F0F0Fu), xw[2 * i], isum);
-                isum = __dp4a(int((wd[i] >> 4) & 0x0F0F0F0Fu), xw[2 * i + 1], isum);
-              }
-            } else {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) isum = __dp4a(int(wd[i] ^ 0x80808080u), xw[i], isum);
-              isum += 128 * xq.qsum[vi];
-            }
-            acc[r] = fmaf(sv[r][u] * xs, float(isum), fmaf(bv[r][u], xsum, acc[r]));
+            const int isum = dot_x8<kBits>(wv[r][u], xw, qsum);
+            acc[r] = fmaf(const_value(sv[r][u], S{}) * xs, float(isum), fmaf(const_value(bv[r][u], S{}), xsum, acc[r]));
           }
         }
         if (last) {
@@ -929,6 +1000,159 @@ void launch_qgemv_x8(const QGemvArgs<S>& a, Launch stream) {
     launch_qgemv_x8_as<S, kBits, kNorm, 4>(a, smem, true, stream);
   else
     launch_qgemv_x8_as<S, kBits, kNorm, 2>(a, smem, false, stream);
+}
+
+// ---------------------------------------------------------------- quantized weights, int8 x, streamed through shared memory
+
+// qgemv_x8_kernel's arithmetic with the weights staged in shared memory:
+// each warp owns pairs of rows (pair blockIdx.x * warps + warp, then every
+// gridDim.x * warps pairs) and copies them chunk by chunk (kQChunk 16-byte
+// code vectors of both rows, the last chunk of a row possibly short, with
+// the chunk's scales and biases) into its own ring of kQStages stages by
+// cp.async: kQStages - 1 chunks in flight while one computes, only
+// __syncwarp in the loop, no registers holding the stream (the register
+// pipeline of qgemv_x8_kernel, one 256-thread block an SM at 170 registers,
+// read about 2 TB/s on the H200: ncu, 2026-12-05). The first chunks are
+// requested before the PDL wait; x is quantized once per block as there.
+// A lane takes vectors lane, lane + 32, ... of a chunk; rows past N are
+// zeros and never stored. Requires scales and biases 4-byte aligned with an
+// even byte count a row, and group >= 128 / kBits (one group per vector).
+template <typename S, int kBits, int kQChunk>
+constexpr int qstream_aux_bytes() {  // scales of one row of a stage (group >= 32)
+  return kQChunk * (128 / kBits) / 32 * int(sizeof(S));
+}
+template <typename S, int kBits, int kQChunk>
+constexpr int qstream_stage_bytes() {  // codes [2][kQChunk][16], scales [2][aux], biases [2][aux]
+  return 2 * kQChunk * 16 + 4 * qstream_aux_bytes<S, kBits, kQChunk>();
+}
+__host__ __device__ inline size_t qstream_x_bytes(int K, int kVE) { return (size_t(K) + size_t(K / kVE) * 12 + 15) / 16 * 16; }
+
+template <typename S, int kBits, bool kNorm, int kQChunk, int kQStages>
+__global__ void __launch_bounds__(256) qgemv_stream_kernel(QGemvArgs<S> a) {
+  constexpr int kVE = 128 / kBits, NS = kQStages, kAux = qstream_aux_bytes<S, kBits, kQChunk>();
+  constexpr int kStage = qstream_stage_bytes<S, kBits, kQChunk>();
+  extern __shared__ __align__(16) unsigned char smem[];
+  const GemvArgs<S>& e = a.e;
+  const int K = e.K, nvec = K / kVE, ngroups = K / a.group;
+  const int chunks = (nvec + kQChunk - 1) / kQChunk;
+  const int gchunk = kQChunk * kVE / a.group;            // groups of a full chunk
+  const int vshift = __ffs(a.group / kVE) - 1;           // vector -> group
+  const XQ xq = xq_layout(smem, K, kVE);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  unsigned char* ring = smem + qstream_x_bytes(K, kVE) + size_t(warp) * NS * kStage;
+  const int pairs = (e.N + 1) / 2, stride = gridDim.x * warps, first = blockIdx.x * warps + warp;
+  const int items = first < pairs ? ((pairs - 1 - first) / stride + 1) * chunks : 0;
+  const uint64_t pol = evict_first_policy();
+
+  // Item i: chunk i % chunks of the warp's pair i / chunks, into stage i % NS;
+  // always one commit group.
+  auto load = [&](int i) {
+    if (i < items) {
+      const int pair = first + (i / chunks) * stride, ch = i % chunks;
+      const int nv = min(kQChunk, nvec - ch * kQChunk), ng = nv * kVE / a.group;
+      const int words = ng * int(sizeof(S)) / 4;
+      unsigned char* st = ring + (i % NS) * kStage;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const bool live = 2 * pair + r < e.N;
+        const size_t row = live ? 2 * pair + r : 0;
+        const uint4* src = reinterpret_cast<const uint4*>(a.w) + row * nvec + ch * kQChunk;
+#pragma unroll
+        for (int j = 0; j < kQChunk / 32; ++j) {
+          const int v = lane + 32 * j;
+          cp_async16(smem_addr(st + (r * kQChunk + v) * 16), src + (v < nv ? v : 0), live && v < nv, pol);
+        }
+        const size_t g0 = row * ngroups + size_t(ch) * gchunk;
+        for (int x = lane; x < 2 * words; x += 32) {
+          const bool bias = x >= words;
+          const int wd = bias ? x - words : x;
+          const auto* src_b = reinterpret_cast<const unsigned char*>((bias ? a.biases : a.scales) + g0);
+          cp_async4(smem_addr(st + 2 * kQChunk * 16 + ((bias ? 2 : 0) + r) * kAux + wd * 4), src_b + wd * 4, live);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int i = 0; i < NS - 1; ++i) load(i);
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  quantize_x<S, kBits, kNorm, 8>(e, xq);
+
+  float acc[2] = {0.f, 0.f};
+  for (int i = 0; i < items; ++i) {
+    load(i + NS - 1);
+    cp_async_wait<NS - 1>();
+    __syncwarp();
+    const unsigned char* st = ring + (i % NS) * kStage;
+    const S* sc = reinterpret_cast<const S*>(st + 2 * kQChunk * 16);
+    const S* bi = reinterpret_cast<const S*>(st + 2 * kQChunk * 16 + 2 * kAux);
+    const int ch = i % chunks;
+#pragma unroll
+    for (int j = 0; j < kQChunk / 32; ++j) {
+      const int v = lane + 32 * j, vi = ch * kQChunk + v;
+      if (vi < nvec) {
+        const float xs = xq.scale[vi], xsum = xq.sum[vi];
+        int xw[kVE / 4];
+        load_xw<kVE>(xq, vi, xw);
+        const int qsum = kBits == 8 ? xq.qsum[vi] : 0;
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int isum = dot_x8<kBits>(*reinterpret_cast<const uint4*>(st + (r * kQChunk + v) * 16), xw, qsum);
+          const int gi = r * (kAux / int(sizeof(S))) + (v >> vshift);
+          acc[r] = fmaf(detail::to_f32(sc[gi]) * xs, float(isum), fmaf(detail::to_f32(bi[gi]), xsum, acc[r]));
+        }
+      }
+    }
+    __syncwarp();  // every lane has read the stage: the next load may refill it
+    if (ch == chunks - 1) {  // the pair's last chunk
+      const float r0 = detail::warp_sum(acc[0]), r1 = detail::warp_sum(acc[1]);
+      if (lane == 0) gemv_epilogue(e, 0, 2 * (first + (i / chunks) * stride), r0, r1);
+      acc[0] = acc[1] = 0.f;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// Whether qgemv_stream_kernel takes these weights (else qgemv_x8_kernel).
+template <typename S, int kBits>
+bool qstream_fits(const QGemvArgs<S>& a) {
+  const int ngroups = a.e.K / a.group;
+  return a.group >= 128 / kBits && (size_t(ngroups) * sizeof(S)) % 4 == 0 &&
+         reinterpret_cast<uintptr_t>(a.scales) % 4 == 0 && reinterpret_cast<uintptr_t>(a.biases) % 4 == 0;
+}
+
+template <typename S, int kBits, bool kNorm, int kQChunk, int kQStages>
+void launch_qgemv_stream_as(const QGemvArgs<S>& a, int cap, Launch stream) {
+  constexpr int kVE = 128 / kBits;
+  auto kernel = qgemv_stream_kernel<S, kBits, kNorm, kQChunk, kQStages>;
+  const size_t smem = qstream_x_bytes(a.e.K, kVE) + size_t(8) * kQStages * qstream_stage_bytes<S, kBits, kQChunk>();
+  static const bool allowed = [kernel] {  // all the dynamic shared memory a block may have
+    cudaFuncAttributes fa{};
+    KVGRAPH_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
+    int most = 0;
+    KVGRAPH_CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    KVGRAPH_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most - int(fa.sharedSizeBytes)));
+    return true;
+  }();
+  (void)allowed;
+  int blocks_per_sm = 0;
+  KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, 256, smem));
+  if (blocks_per_sm < 1) {
+    if constexpr (kQChunk == 64 && kQStages == 3)
+      fail_op("linear", "int8 x: K = " + std::to_string(a.e.K) + " needs more shared memory than a block may have");
+    else
+      return launch_qgemv_stream_as<S, kBits, kNorm, 64, 3>(a, cap, stream);
+  }
+  const int pairs = (a.e.N + 1) / 2;
+  const int blocks = std::min(int(ceil_div(pairs, 8)), std::min(blocks_per_sm, cap) * sm_count());
+  launch(kernel, dim3(blocks), dim3(256), smem, stream, a);
+}
+
+template <typename S, int kBits, bool kNorm>
+void launch_qgemv_stream(const QGemvArgs<S>& a, Launch stream) {
+  launch_qgemv_stream_as<S, kBits, kNorm, 128, 3>(a, 1, stream);
 }
 
 // T > 1: rows [n0, n0 + rows) of quantized weights dequantised to bf16 [rows, K]
@@ -1109,10 +1333,17 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
         QGemvArgs<W> q{static_cast<const uint32_t*>(p.w), static_cast<const W*>(p.scales),
                        static_cast<const W*>(p.biases), p.group, a};
         if (p.int8_x && p.T == 1) {  // (several tokens: the f32-x kernel below)
-          if (p.qbits == 4)
-            p.norm ? launch_qgemv_x8<W, 4, true>(q, stream) : launch_qgemv_x8<W, 4, false>(q, stream);
-          else
-            p.norm ? launch_qgemv_x8<W, 8, true>(q, stream) : launch_qgemv_x8<W, 8, false>(q, stream);
+          if (p.qbits == 4) {
+            if (p.qstream && qstream_fits<W, 4>(q))
+              p.norm ? launch_qgemv_stream<W, 4, true>(q, stream) : launch_qgemv_stream<W, 4, false>(q, stream);
+            else
+              p.norm ? launch_qgemv_x8<W, 4, true>(q, stream) : launch_qgemv_x8<W, 4, false>(q, stream);
+          } else {
+            if (p.qstream && qstream_fits<W, 8>(q))
+              p.norm ? launch_qgemv_stream<W, 8, true>(q, stream) : launch_qgemv_stream<W, 8, false>(q, stream);
+            else
+              p.norm ? launch_qgemv_x8<W, 8, true>(q, stream) : launch_qgemv_x8<W, 8, false>(q, stream);
+          }
         } else if (p.qbits == 4) {
           p.norm ? launch_qgemv<W, 4, true>(q, p.shape, stream) : launch_qgemv<W, 4, false>(q, p.shape, stream);
         } else {

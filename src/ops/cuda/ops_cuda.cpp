@@ -66,6 +66,7 @@ void linear(Stream& s, const Tensor& x, const Weight& w, Tensor& out, const ops:
   cuda::CudaContext& ctx = cuda::context(s);
   p.shape = ctx.tuning().gemv;
   p.int8_x = ctx.tuning().quantized_int8_x;
+  p.qstream = ctx.tuning().quantized_stream;
   p.multi = ctx.tuning().multi;
   if (p.T > cuda::kMaxGemvTokens) ctx.gemm().reserve(p.T, std::max(p.N, p.K));
   cuda::linear(p, p.T > 1 ? &ctx.gemm() : nullptr, ctx.launch());
