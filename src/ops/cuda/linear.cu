@@ -752,53 +752,33 @@ __device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
 // x (times the RMSNorm when kNorm) quantized into shared memory (the XQ
 // layout) by the whole block, after the PDL wait: chunk c = values [8c, 8c +
 // 8), kTPV chunks per vector reduced over their kTPV lanes (aligned: kTPV
-// divides 32); thread t takes chunks t, t + blockDim.x, ... When they fit in
-// kHeld chunks a thread, all of its x is loaded in one round first (one L2
-// round trip instead of one per chunk, and the norm's sum of squares from
-// the registers, not a second pass). Ends with __syncthreads.
-template <typename S, int kBits, bool kNorm, int kHeld>
+// divides 32). Ends with __syncthreads.
+template <typename S, int kBits, bool kNorm>
 __device__ __forceinline__ void quantize_x(const GemvArgs<S>& e, const XQ& xq) {
   constexpr int kVE = 128 / kBits, kTPV = kVE / 8;
-  const int K = e.K, nchunks = K / 8, step = blockDim.x;
-  const bool held = nchunks <= kHeld * step;
-  auto load = [&](int c, float (&h)[8]) {
-    const float4 v0 = *reinterpret_cast<const float4*>(e.x + 8 * c);
-    const float4 v1 = *reinterpret_cast<const float4*>(e.x + 8 * c + 4);
-    h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w; h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
-  };
-  float hx[kHeld][8];
-  if (held) {
-#pragma unroll
-    for (int j = 0; j < kHeld; ++j) {
-      const int c = j * step + threadIdx.x;
-      if (c < nchunks) load(c, hx[j]);
-    }
-  }
+  const int K = e.K;
   float inv = 1.f;
   if constexpr (kNorm) {
     __shared__ float red[32];
     float ss = 0.f;
-    if (held) {
-#pragma unroll
-      for (int j = 0; j < kHeld; ++j)
-        if (j * step + int(threadIdx.x) < nchunks)
-#pragma unroll
-          for (int i = 0; i < 8; ++i) ss = fmaf(hx[j][i], hx[j][i], ss);
-    } else {
-      for (int k = threadIdx.x * 4; k < K; k += blockDim.x * 4) {
-        const float4 v = *reinterpret_cast<const float4*>(e.x + k);
-        ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
-      }
+    for (int k = threadIdx.x * 4; k < K; k += blockDim.x * 4) {
+      const float4 v = *reinterpret_cast<const float4*>(e.x + k);
+      ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
     }
     inv = rsqrtf(detail::block_sum(ss, red) / K + e.norm_eps);
   }
-  // Chunk c's values h (zeros past the end: every lane takes part in the
-  // shuffles) to codes, scale and sums.
-  auto quantize = [&](int c, float (&h)[8]) {
-    const bool live = c < nchunks;
-    if (live && kNorm) {
+  for (int c0 = 0; c0 < K / 8; c0 += blockDim.x) {
+    const int c = c0 + threadIdx.x;
+    const bool live = c < K / 8;
+    float h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (live) {
+      const float4 v0 = *reinterpret_cast<const float4*>(e.x + 8 * c);
+      const float4 v1 = *reinterpret_cast<const float4*>(e.x + 8 * c + 4);
+      h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w; h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
+      if constexpr (kNorm) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) h[i] *= inv * (e.norm_add + e.norm[8 * c + i]);
+        for (int i = 0; i < 8; ++i) h[i] *= inv * (e.norm_add + e.norm[8 * c + i]);
+      }
     }
     float amax = 0.f, sum = 0.f;
 #pragma unroll
@@ -837,24 +817,6 @@ __device__ __forceinline__ void quantize_x(const GemvArgs<S>& e, const XQ& xq) {
         xq.qsum[c / kTPV] = qs;
       }
     }
-  };
-  if (held) {
-#pragma unroll
-    for (int j = 0; j < kHeld; ++j) {
-      if (j * step >= nchunks) break;  // block-uniform
-      const int c = j * step + threadIdx.x;
-      if (c >= nchunks)
-#pragma unroll
-        for (int i = 0; i < 8; ++i) hx[j][i] = 0.f;
-      quantize(c, hx[j]);
-    }
-  } else {
-    for (int c0 = 0; c0 < nchunks; c0 += step) {
-      const int c = c0 + threadIdx.x;
-      float h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (c < nchunks) load(c, h);
-      quantize(c, h);
-    }
   }
   __syncthreads();
 }
@@ -880,15 +842,23 @@ __device__ __forceinline__ int dot_x8(const uint4& w, const int* xw, int qsum) {
   return isum;
 }
 
-// Vector vi's x codes (kVE / 4 words) from shared memory.
-template <int kVE>
-__device__ __forceinline__ void load_xw(const XQ& xq, int vi, int (&xw)[kVE / 4]) {
+// Vector vi of the quantized x, from shared memory: its codes (4 a word, in
+// quantize_x's order), scale, sum and (for 8-bit weights) sum of codes.
+template <int kBits>
+struct XVec {
+  static constexpr int kVE = 128 / kBits;
+  float scale, sum;
+  int w[kVE / 4];
+  int qsum;
+  __device__ __forceinline__ XVec(const XQ& xq, int vi)
+      : scale(xq.scale[vi]), sum(xq.sum[vi]), qsum(kBits == 8 ? xq.qsum[vi] : 0) {
 #pragma unroll
-  for (int i = 0; i < kVE / 16; ++i) {
-    const uint4 t = reinterpret_cast<const uint4*>(xq.q + vi * kVE)[i];
-    xw[4 * i] = int(t.x); xw[4 * i + 1] = int(t.y); xw[4 * i + 2] = int(t.z); xw[4 * i + 3] = int(t.w);
+    for (int i = 0; i < kVE / 16; ++i) {
+      const uint4 t = reinterpret_cast<const uint4*>(xq.q + vi * kVE)[i];
+      w[4 * i] = int(t.x); w[4 * i + 1] = int(t.y); w[4 * i + 2] = int(t.z); w[4 * i + 3] = int(t.w);
+    }
   }
-}
+};
 
 // Each warp owns quads of four consecutive rows: quad blockIdx.x * warps +
 // warp, then every gridDim.x * warps quads after it (the grid is at most one
@@ -925,7 +895,7 @@ __global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
   detail::griddep_launch_dependents();
   detail::griddep_wait();
 
-  quantize_x<S, kBits, kNorm, 2>(e, xq);  // (few registers to spare: the first batch is held)
+  quantize_x<S, kBits, kNorm>(e, xq);
 
   for (; quad < quads; quad += stride) {
     const QRows<S, kRows> next(a, (quad + stride) * kRows, kVE);
@@ -936,14 +906,12 @@ __global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
       for (int u = 0; u < kUnroll; ++u) {
         const int vi = batch * 32 * kUnroll + u * 32 + lane;
         if (vi < nvec) {
-          const float xs = xq.scale[vi], xsum = xq.sum[vi];
-          int xw[kVE / 4];
-          load_xw<kVE>(xq, vi, xw);
-          const int qsum = kBits == 8 ? xq.qsum[vi] : 0;
+          const XVec<kBits> xv(xq, vi);
 #pragma unroll
           for (int r = 0; r < kRows; ++r) {
-            const int isum = dot_x8<kBits>(wv[r][u], xw, qsum);
-            acc[r] = fmaf(const_value(sv[r][u], S{}) * xs, float(isum), fmaf(const_value(bv[r][u], S{}), xsum, acc[r]));
+            const int isum = dot_x8<kBits>(wv[r][u], xv.w, xv.qsum);
+            acc[r] = fmaf(const_value(sv[r][u], S{}) * xv.scale, float(isum),
+                          fmaf(const_value(bv[r][u], S{}), xv.sum, acc[r]));
           }
         }
         if (last) {
@@ -1077,7 +1045,7 @@ __global__ void __launch_bounds__(256) qgemv_stream_kernel(QGemvArgs<S> a) {
   for (int i = 0; i < NS - 1; ++i) load(i);
   detail::griddep_launch_dependents();
   detail::griddep_wait();
-  quantize_x<S, kBits, kNorm, 8>(e, xq);
+  quantize_x<S, kBits, kNorm>(e, xq);
 
   float acc[2] = {0.f, 0.f};
   for (int i = 0; i < items; ++i) {
@@ -1092,15 +1060,12 @@ __global__ void __launch_bounds__(256) qgemv_stream_kernel(QGemvArgs<S> a) {
     for (int j = 0; j < kQChunk / 32; ++j) {
       const int v = lane + 32 * j, vi = ch * kQChunk + v;
       if (vi < nvec) {
-        const float xs = xq.scale[vi], xsum = xq.sum[vi];
-        int xw[kVE / 4];
-        load_xw<kVE>(xq, vi, xw);
-        const int qsum = kBits == 8 ? xq.qsum[vi] : 0;
+        const XVec<kBits> xv(xq, vi);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const int isum = dot_x8<kBits>(*reinterpret_cast<const uint4*>(st + (r * kQChunk + v) * 16), xw, qsum);
+          const int isum = dot_x8<kBits>(*reinterpret_cast<const uint4*>(st + (r * kQChunk + v) * 16), xv.w, xv.qsum);
           const int gi = r * (kAux / int(sizeof(S))) + (v >> vshift);
-          acc[r] = fmaf(detail::to_f32(sc[gi]) * xs, float(isum), fmaf(detail::to_f32(bi[gi]), xsum, acc[r]));
+          acc[r] = fmaf(detail::to_f32(sc[gi]) * xv.scale, float(isum), fmaf(detail::to_f32(bi[gi]), xv.sum, acc[r]));
         }
       }
     }
