@@ -103,7 +103,8 @@ void gemv_report() {
 
 // Quantized GEMVs (T = 1, affine groups, bf16 scales and biases): time per
 // launch and the bandwidth of the bytes read (words + scales + biases), as a
-// fraction of the streaming-read probe.
+// fraction of the streaming-read probe: f32 x in each launch shape, then
+// int8 x (qgemv_stream_kernel, and qgemv_x8_kernel as int8x-regs).
 void qgemv_report() {
   const double read_gbs = measure_read_bandwidth_gbs();
   struct Shape {
@@ -139,12 +140,13 @@ void qgemv_report() {
       fill(x, 0x3c);
       std::string line;
       double auto_gbs = 0;
-      for (int vi = 0; vi < 5; ++vi) {
+      for (int vi = 0; vi < 6; ++vi) {  // the f32-x shapes, then int8 x streamed and in registers
         const GemvShape variant = vi < 4 ? variants[vi].first : GemvShape::automatic;
-        const char* vname = vi < 4 ? variants[vi].second : "int8x";
+        const char* vname = vi < 4 ? variants[vi].second : vi == 4 ? "int8x" : "int8x-regs";
         LinearParams p;
         p.shape = variant;
-        p.int8_x = vi == 4;
+        p.int8_x = vi >= 4;
+        p.qstream = vi != 5;
         p.x = x.as<float>();
         p.w_dtype = DType::BF16;
         p.qbits = bits;
