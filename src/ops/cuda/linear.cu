@@ -1079,7 +1079,9 @@ __global__ void __launch_bounds__(256) qgemv_stream_kernel(QGemvArgs<S> a) {
   cp_async_wait<0>();
 }
 
-// Whether qgemv_stream_kernel takes these weights (else qgemv_x8_kernel).
+// Whether qgemv_stream_kernel takes these weights (else qgemv_x8_kernel,
+// which also takes rows too long for x and the ring to share a block's
+// shared memory).
 template <typename S, int kBits>
 bool qstream_fits(const QGemvArgs<S>& a) {
   const int ngroups = a.e.K / a.group;
@@ -1104,12 +1106,7 @@ void launch_qgemv_stream_as(const QGemvArgs<S>& a, int cap, Launch stream) {
   (void)allowed;
   int blocks_per_sm = 0;
   KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, 256, smem));
-  if (blocks_per_sm < 1) {
-    if constexpr (kQChunk == 64 && kQStages == 3)
-      fail_op("linear", "int8 x: K = " + std::to_string(a.e.K) + " needs more shared memory than a block may have");
-    else
-      return launch_qgemv_stream_as<S, kBits, kNorm, 64, 3>(a, cap, stream);
-  }
+  if (blocks_per_sm < 1) return launch_qgemv_x8<S, kBits, kNorm>(a, stream);  // x too long for x + ring
   const int pairs = (a.e.N + 1) / 2;
   const int blocks = std::min(int(ceil_div(pairs, 8)), std::min(blocks_per_sm, cap) * sm_count());
   launch(kernel, dim3(blocks), dim3(256), smem, stream, a);
