@@ -44,6 +44,22 @@ struct Tuning {
   // each warp its own ring; the default where scales and biases allow it) or
   // regs (qgemv_x8_kernel: the stream held in registers, one batch ahead).
   bool quantized_stream = true;
+  // The streamed kernel's ring: qring_chunk code vectors of both rows of a
+  // warp's pair a stage, qring_stages stages a warp (a pair of kQRings
+  // below: what is compiled), at most qring_blocks
+  // 256-thread blocks an SM (0: as many as fit). qring_chunk 0: automatic
+  // (the shape chosen from the H200 sweep in docs/design.md).
+  int qring_chunk = 0;
+  int qring_stages = 0;
+  int qring_blocks = 0;
+  // The compiled rings {chunk, stages}: the one list the CUDA launcher
+  // instantiates and the parser accepts. Not 128 x 3 (the default before
+  // 2026-12-06): with the one-pass quantize_x, CUDA 13's ptxas emits one of
+  // its cp.async copies as `LDGSTS.E.BYPASS.128 [R25+UR0], desc[UR1][..]`,
+  // a memory descriptor in an odd uniform register, and every launch dies
+  // with cudaErrorIllegalInstruction (H100 and H200; compute-sanitizer
+  // names the cp.async; docs/design.md).
+  static constexpr int kQRings[4][2] = {{128, 4}, {64, 4}, {64, 6}, {32, 8}};
   // The several-token GEMV (2..8 tokens: verify steps, short prefill chunks):
   // rows per thread group and load batches in flight. Every variant sums
   // each token's row as the one-token GEMV does (bitwise); they differ in
@@ -68,16 +84,18 @@ struct Tuning {
   bool operator==(const Tuning& o) const {
     return gemv == o.gemv && decode_attn == o.decode_attn && attn_heads == o.attn_heads &&
            attn_chunk == o.attn_chunk && programmatic_launch == o.programmatic_launch &&
-           quantized_int8_x == o.quantized_int8_x && quantized_stream == o.quantized_stream && multi == o.multi &&
+           quantized_int8_x == o.quantized_int8_x && quantized_stream == o.quantized_stream &&
+           qring_chunk == o.qring_chunk && qring_stages == o.qring_stages && qring_blocks == o.qring_blocks &&
+           multi == o.multi &&
            prefill_attn == o.prefill_attn;
   }
 
-  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=int8,qgemv=stream,mt=auto,prefill-attn=flash":
+  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash":
   // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
   // auto|block2|warp2|warp4, attn auto|fast|staged|legacy, attn-heads 0|1|2|4|8,
-  // attn-chunk N >= 0, pdl on|off, qx f32|int8, qgemv stream|regs, mt auto|r8u2|r4u2|r8u1|r4u4,
+  // attn-chunk N >= 0, pdl on|off, qx f32|int8, qgemv stream|regs, qring auto|CxS|CxSxB, mt auto|r8u2|r4u2|r8u1|r4u4,
   // prefill-attn legacy|flash). Throws kvgraph::Error("[tuning] ...") on an
   // unknown key or value.
   static Tuning parse(std::string_view spec);

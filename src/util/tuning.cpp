@@ -23,6 +23,43 @@ int parse_count(std::string_view key, std::string_view v) {
 
 std::string count_str(int n) { return n == 0 ? "auto" : std::to_string(n); }
 
+std::string qring_str(const Tuning& t) {
+  if (t.qring_chunk == 0) return "auto";
+  std::string s = fmt::format("{}x{}", t.qring_chunk, t.qring_stages);
+  if (t.qring_blocks) s += fmt::format("x{}", t.qring_blocks);
+  return s;
+}
+
+// "auto", "CxS" (as many blocks an SM as fit) or "CxSxB" (at most B, 1..8).
+void parse_qring(std::string_view v, Tuning& t) {
+  t.qring_chunk = t.qring_stages = t.qring_blocks = 0;
+  if (v == "auto") return;
+  int n[3] = {0, 0, 0}, parts = 0;
+  const char* p = v.data();
+  const char* end = v.data() + v.size();
+  bool ok = true;
+  while (ok && parts < 3) {
+    auto [q, ec] = std::from_chars(p, end, n[parts]);
+    ok = ec == std::errc() && q != p;
+    ++parts;
+    p = q;
+    if (!ok || p == end) break;
+    ok = *p++ == 'x' && p != end;
+  }
+  ok = ok && p == end && parts >= 2;
+  bool compiled = false;
+  std::string shapes;
+  for (const auto& r : Tuning::kQRings) {
+    compiled = compiled || (r[0] == n[0] && r[1] == n[1]);
+    shapes += fmt::format("{}{}x{}", shapes.empty() ? "" : ", ", r[0], r[1]);
+  }
+  if (!ok || !compiled || (parts == 3 && (n[2] < 1 || n[2] > 8)))
+    fail("tuning", "qring={}: expected auto, CxS or CxSxB with CxS one of {} and B in 1..8", v, shapes);
+  t.qring_chunk = n[0];
+  t.qring_stages = n[1];
+  t.qring_blocks = parts == 3 ? n[2] : 0;
+}
+
 // The index of `v` in `names`; else [tuning] "key=v: expected a, b or c".
 template <size_t N>
 int parse_name(std::string_view key, std::string_view v, const std::string_view (&names)[N]) {
@@ -36,11 +73,11 @@ int parse_name(std::string_view key, std::string_view v, const std::string_view 
 }  // namespace
 
 std::string Tuning::describe() const {
-  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={},qgemv={},mt={},prefill-attn={}",
+  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},pdl={},qx={},qgemv={},qring={},mt={},prefill-attn={}",
                      kGemvNames[static_cast<int>(gemv)],
                      kAttnNames[static_cast<int>(decode_attn)],
                      count_str(attn_heads), count_str(attn_chunk), programmatic_launch ? "on" : "off",
-                     quantized_int8_x ? "int8" : "f32", quantized_stream ? "stream" : "regs", kMultiNames[static_cast<int>(multi)],
+                     quantized_int8_x ? "int8" : "f32", quantized_stream ? "stream" : "regs", qring_str(*this), kMultiNames[static_cast<int>(multi)],
                      prefill_attn == PrefillAttn::flash ? "flash" : "legacy");
 }
 
@@ -73,13 +110,15 @@ Tuning Tuning::parse(std::string_view spec) {
     } else if (key == "qgemv") {
       if (v != "stream" && v != "regs") fail("tuning", "qgemv={}: expected stream or regs", v);
       t.quantized_stream = v == "stream";
+    } else if (key == "qring") {
+      parse_qring(v, t);
     } else if (key == "mt") {
       t.multi = static_cast<Multi>(parse_name(key, v, kMultiNames));
     } else if (key == "prefill-attn") {
       if (v != "legacy" && v != "flash") fail("tuning", "prefill-attn={}: expected legacy or flash", v);
       t.prefill_attn = v == "flash" ? PrefillAttn::flash : PrefillAttn::legacy;
     } else {
-      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl, qx, qgemv, mt, prefill-attn)", key);
+      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, pdl, qx, qgemv, qring, mt, prefill-attn)", key);
     }
   }
   return t;

@@ -7,12 +7,14 @@
 // as fmaf(scale, q, bias) in f32.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "kvgraph/dtype.h"
 #include "kvgraph/error.h"
+#include "kvgraph/tuning.h"
 #include "ops/cuda/kernels.h"
 #include "support/cuda_test_util.h"
 
@@ -58,10 +60,11 @@ struct QWeights {
 enum class Epi { none, bias, residual, gated };
 
 void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvShape shape, GemmContext* gemm,
-           double tol, bool int8_x = false, bool qstream = true) {
+           double tol, bool int8_x = false, bool qstream = true, std::array<int, 3> ring = {0, 0, 0}) {
   SCOPED_TRACE(testing::Message() << "T=" << T << " N=" << N << " K=" << K << " bits=" << bits << " group=" << group
                                   << " epi=" << int(epi) << " norm=" << norm << " shape=" << int(shape)
-                                  << " int8_x=" << int8_x << " qstream=" << qstream);
+                                  << " int8_x=" << int8_x << " qstream=" << qstream << " ring=" << ring[0] << "x"
+                                  << ring[1] << "x" << ring[2]);
   QWeights w(N, K, bits, group, 7 + N + K + bits);
   auto x = randn(size_t(T) * K, 11 + K);
   auto g = randn(K, 13 + K, 0.3f);
@@ -90,6 +93,9 @@ void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvSha
   p.shape = shape;
   p.int8_x = int8_x;
   p.qstream = qstream;
+  p.qring_chunk = ring[0];
+  p.qring_stages = ring[1];
+  p.qring_blocks = ring[2];
   if (norm) p.norm = dg.as<float>();
   linear(p, gemm, nullptr);
   const auto got = to_host<float>(out, n_out);
@@ -176,6 +182,26 @@ TEST_F(CudaQuantLinear, Int8XGemvIsWithinInt8RoundingOfTheReference) {
     for (int group : {64, 128}) {
       check(1, 1001, 896, bits, group, Epi::none, true, GemvShape::automatic, nullptr, 1e-2, true);
       check(1, 258, 14336, bits, group, Epi::residual, false, GemvShape::automatic, nullptr, 1e-2, true);
+    }
+}
+
+// Every compiled ring of the streamed kernel (Tuning::qring), capped at one
+// block an SM and uncapped: full and short chunks (K = 14336 int4: 448
+// vectors, 3.5 chunks of 128, 7 of 64, 14 of 32; K = 896: one short chunk
+// or less), an odd row count, several pairs a warp (8402 rows), each group
+// size, the norm prologue (its 1 / rms applied to the row sums) and the
+// epilogues.
+TEST_F(CudaQuantLinear, EveryRingShapeIsWithinInt8RoundingOfTheReference) {
+  for (const auto& cs : Tuning::kQRings)
+    for (int cap : {0, 1}) {
+      const std::array<int, 3> ring = {cs[0], cs[1], cap};
+      for (int bits : {4, 8}) {
+        for (int group : {32, 64, 128})
+          check(1, 1001, 896, bits, group, Epi::none, group != 32, GemvShape::automatic, nullptr, 1e-2, true, true, ring);
+        check(1, 258, 14336, bits, 64, Epi::residual, true, GemvShape::automatic, nullptr, 1e-2, true, true, ring);
+        check(1, 8402, 4096, bits, 128, Epi::bias, false, GemvShape::automatic, nullptr, 1e-2, true, true, ring);
+        check(1, 96, 512, bits, 64, Epi::gated, true, GemvShape::automatic, nullptr, 1e-2, true, true, ring);
+      }
     }
 }
 

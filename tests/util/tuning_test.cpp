@@ -12,14 +12,14 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=int8,qgemv=stream,mt=auto,prefill-attn=flash");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
   const Tuning t =
-      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=f32,qgemv=regs,mt=r4u2,prefill-attn=legacy");
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::legacy);
   EXPECT_EQ(t.attn_heads, 2);
@@ -27,6 +27,9 @@ TEST(Tuning, EveryKeyParses) {
   EXPECT_FALSE(t.programmatic_launch);
   EXPECT_FALSE(t.quantized_int8_x);
   EXPECT_FALSE(t.quantized_stream);
+  EXPECT_EQ(t.qring_chunk, 32);
+  EXPECT_EQ(t.qring_stages, 8);
+  EXPECT_EQ(t.qring_blocks, 2);
   EXPECT_EQ(t.multi, Tuning::Multi::r4u2);
   EXPECT_EQ(t.prefill_attn, Tuning::PrefillAttn::legacy);
   EXPECT_EQ(Tuning::parse(t.describe()), t);
@@ -53,6 +56,29 @@ TEST(Tuning, EveryGemvAndMultiNameParsesToItsValue) {
     EXPECT_EQ(Tuning::parse(std::string("mt=") + name).multi, m) << name;
 }
 
+TEST(Tuning, EveryCompiledRingParsesWithAndWithoutABlockCap) {
+  for (const auto& r : Tuning::kQRings) {
+    const int c = r[0], st = r[1];
+    const std::string shape = std::to_string(c) + "x" + std::to_string(st);
+    const Tuning t = Tuning::parse("qring=" + shape);
+    EXPECT_EQ(t.qring_chunk, c) << shape;
+    EXPECT_EQ(t.qring_stages, st) << shape;
+    EXPECT_EQ(t.qring_blocks, 0) << shape;
+    EXPECT_EQ(Tuning::parse(t.describe()), t) << shape;
+    EXPECT_NE(t, Tuning{}) << shape;
+    for (int b : {1, 2, 8}) {
+      const Tuning tb = Tuning::parse("qring=" + shape + "x" + std::to_string(b));
+      EXPECT_EQ(tb.qring_chunk, c);
+      EXPECT_EQ(tb.qring_stages, st);
+      EXPECT_EQ(tb.qring_blocks, b);
+      EXPECT_THAT(tb.describe(), HasSubstr("qring=" + shape + "x" + std::to_string(b) + ","));
+      EXPECT_EQ(Tuning::parse(tb.describe()), tb);
+      EXPECT_NE(tb, t);
+    }
+  }
+  EXPECT_EQ(Tuning::parse("qring=64x4,qring=auto"), Tuning{});
+}
+
 TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   auto expect_error = [](const char* spec, const char* what) {
     try {
@@ -69,10 +95,13 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   expect_error("attn-chunk=12x", "attn-chunk=12x");
   expect_error("pdl=maybe", "pdl=maybe");
   expect_error("qgemv=fast", "qgemv=fast: expected stream or regs");
+  for (const char* bad : {"qring=", "qring=64", "qring=64x", "qring=64x5", "qring=96x4", "qring=64x4x0", "qring=64x4x9",
+                          "qring=64x4x-1", "qring=64x4x2x1", "qring=128x3", "qring=x4", "qring=64y4", "qring=64x4 ", "qring=fast"})
+    expect_error(bad, (std::string(bad) + ": expected auto, CxS or CxSxB").c_str());
   expect_error("mt=r16u1", "mt=r16u1: expected auto, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4 or p8u1");
   expect_error("mt=", "mt=: expected auto");
   expect_error("prefill-attn=fast", "prefill-attn=fast");
-  expect_error("colour=blue", "unknown key \"colour\"");
+  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, pdl, qx, qgemv, qring, mt, prefill-attn)");
   expect_error("gemv", "expected key=value");
 }
 

@@ -185,6 +185,8 @@ struct LinearParams {
   bool int8_x = false;
   // With int8_x: the streamed kernel (Tuning::quantized_stream) where it fits.
   bool qstream = true;
+  // Its ring (Tuning::qring_*): chunk 0 picks one from the row length.
+  int qring_chunk = 0, qring_stages = 0, qring_blocks = 0;
 };
 
 // Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.

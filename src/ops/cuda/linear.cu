@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <string>
 
 #include "ops/cuda/async_copy.cuh"
@@ -749,76 +750,101 @@ __device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
   return (uint32_t(a) & 0xFFu) | ((uint32_t(b) & 0xFFu) << 8) | ((uint32_t(c) & 0xFFu) << 16) | (uint32_t(d) << 24);
 }
 
-// x (times the RMSNorm when kNorm) quantized into shared memory (the XQ
-// layout) by the whole block, after the PDL wait: chunk c = values [8c, 8c +
-// 8), kTPV chunks per vector reduced over their kTPV lanes (aligned: kTPV
-// divides 32). Ends with __syncthreads.
-template <typename S, int kBits, bool kNorm>
-__device__ __forceinline__ void quantize_x(const GemvArgs<S>& e, const XQ& xq) {
+// Chunks c0 + b * blockDim.x + threadIdx.x (b < kBatch) of 8 floats each
+// from p into v, zeros past nchunks; every load issued before any is used.
+template <int kBatch>
+__device__ __forceinline__ void load8(const float* p, int c0, int nchunks, float (&v)[kBatch][8]) {
+#pragma unroll
+  for (int b = 0; b < kBatch; ++b) {
+    const int c = c0 + b * blockDim.x + threadIdx.x;
+    float4 lo = make_float4(0.f, 0.f, 0.f, 0.f), hi = lo;
+    if (c < nchunks) {
+      lo = *reinterpret_cast<const float4*>(p + 8 * c);
+      hi = *reinterpret_cast<const float4*>(p + 8 * c + 4);
+    }
+    v[b][0] = lo.x; v[b][1] = lo.y; v[b][2] = lo.z; v[b][3] = lo.w;
+    v[b][4] = hi.x; v[b][5] = hi.y; v[b][6] = hi.z; v[b][7] = hi.w;
+  }
+}
+
+// x (times the RMSNorm's weights g when kNorm) quantized into shared memory
+// (the XQ layout) by the whole block, after the PDL wait, in one pass: chunk
+// c = values [8c, 8c + 8), kTPV chunks per vector reduced over their kTPV
+// lanes (aligned: kTPV divides 32). Each thread issues the loads of
+// kXBatch chunks (x and g) before it uses the first, so a long x costs
+// about one load latency per batch, not one per chunk. Quantization is
+// per vector and scale-free, so the RMSNorm's 1 / rms is not applied to x
+// but returned (sum(x^2) is reduced in the same pass): the caller scales
+// each finished row sum by it (1 without kNorm). Ends with __syncthreads.
+template <typename S, int kBits, bool kNorm, int kXBatch>
+__device__ __forceinline__ float quantize_x(const GemvArgs<S>& e, const XQ& xq) {
   constexpr int kVE = 128 / kBits, kTPV = kVE / 8;
-  const int K = e.K;
-  float inv = 1.f;
+  const int K = e.K, nchunks = K / 8;
+  float ss = 0.f;
+  for (int c0 = 0; c0 < nchunks; c0 += kXBatch * blockDim.x) {
+    float h[kXBatch][8];
+    load8<kXBatch>(e.x, c0, nchunks, h);
+    if constexpr (kNorm) {
+      float g[kXBatch][8];
+      load8<kXBatch>(e.norm, c0, nchunks, g);
+#pragma unroll
+      for (int b = 0; b < kXBatch; ++b)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          ss = fmaf(h[b][i], h[b][i], ss);
+          h[b][i] *= e.norm_add + g[b][i];
+        }
+    }
+#pragma unroll
+    for (int b = 0; b < kXBatch; ++b) {
+      const int c = c0 + b * blockDim.x + threadIdx.x;
+      if (c0 + b * blockDim.x >= nchunks) break;  // uniform over the block
+      float amax = 0.f, sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        amax = fmaxf(amax, fabsf(h[b][i]));
+        sum += h[b][i];
+      }
+#pragma unroll
+      for (int o = kTPV / 2; o > 0; o /= 2) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      }
+      const float scale = amax / 127.f;
+      const float rs = amax > 0.f ? 127.f / amax : 0.f;
+      int q[8], qs = 0;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        q[i] = __float2int_rn(h[b][i] * rs);
+        qs += q[i];
+      }
+#pragma unroll
+      for (int o = kTPV / 2; o > 0; o /= 2) qs += __shfl_xor_sync(0xffffffffu, qs, o);
+      if (c < nchunks) {
+        uint2 packed;
+        if constexpr (kBits == 4) {  // even values, then odd: the nibbles' order after & 0x0F0F0F0F
+          packed.x = pack4(q[0], q[2], q[4], q[6]);
+          packed.y = pack4(q[1], q[3], q[5], q[7]);
+        } else {
+          packed.x = pack4(q[0], q[1], q[2], q[3]);
+          packed.y = pack4(q[4], q[5], q[6], q[7]);
+        }
+        *reinterpret_cast<uint2*>(xq.q + 8 * c) = packed;
+        if (c % kTPV == 0) {
+          xq.scale[c / kTPV] = scale;
+          xq.sum[c / kTPV] = sum;
+          xq.qsum[c / kTPV] = qs;
+        }
+      }
+    }
+  }
   if constexpr (kNorm) {
     __shared__ float red[32];
-    float ss = 0.f;
-    for (int k = threadIdx.x * 4; k < K; k += blockDim.x * 4) {
-      const float4 v = *reinterpret_cast<const float4*>(e.x + k);
-      ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
-    }
-    inv = rsqrtf(detail::block_sum(ss, red) / K + e.norm_eps);
+    return rsqrtf(detail::block_sum(ss, red) / K + e.norm_eps);  // (its __syncthreads publishes xq)
+  } else {
+    __syncthreads();
+    return 1.f;
   }
-  for (int c0 = 0; c0 < K / 8; c0 += blockDim.x) {
-    const int c = c0 + threadIdx.x;
-    const bool live = c < K / 8;
-    float h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (live) {
-      const float4 v0 = *reinterpret_cast<const float4*>(e.x + 8 * c);
-      const float4 v1 = *reinterpret_cast<const float4*>(e.x + 8 * c + 4);
-      h[0] = v0.x; h[1] = v0.y; h[2] = v0.z; h[3] = v0.w; h[4] = v1.x; h[5] = v1.y; h[6] = v1.z; h[7] = v1.w;
-      if constexpr (kNorm) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) h[i] *= inv * (e.norm_add + e.norm[8 * c + i]);
-      }
-    }
-    float amax = 0.f, sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      amax = fmaxf(amax, fabsf(h[i]));
-      sum += h[i];
-    }
-#pragma unroll
-    for (int o = kTPV / 2; o > 0; o /= 2) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    }
-    const float scale = amax / 127.f;
-    const float rs = amax > 0.f ? 127.f / amax : 0.f;
-    int q[8], qs = 0;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      q[i] = __float2int_rn(h[i] * rs);
-      qs += q[i];
-    }
-#pragma unroll
-    for (int o = kTPV / 2; o > 0; o /= 2) qs += __shfl_xor_sync(0xffffffffu, qs, o);
-    if (live) {
-      uint2 packed;
-      if constexpr (kBits == 4) {  // even values, then odd: the nibbles' order after & 0x0F0F0F0F
-        packed.x = pack4(q[0], q[2], q[4], q[6]);
-        packed.y = pack4(q[1], q[3], q[5], q[7]);
-      } else {
-        packed.x = pack4(q[0], q[1], q[2], q[3]);
-        packed.y = pack4(q[4], q[5], q[6], q[7]);
-      }
-      *reinterpret_cast<uint2*>(xq.q + 8 * c) = packed;
-      if (c % kTPV == 0) {
-        xq.scale[c / kTPV] = scale;
-        xq.sum[c / kTPV] = sum;
-        xq.qsum[c / kTPV] = qs;
-      }
-    }
-  }
-  __syncthreads();
 }
 
 // The integer dot product of one 16-byte code vector with its x codes (xw:
@@ -895,7 +921,7 @@ __global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
   detail::griddep_launch_dependents();
   detail::griddep_wait();
 
-  quantize_x<S, kBits, kNorm>(e, xq);
+  const float inv = quantize_x<S, kBits, kNorm, 1>(e, xq);  // (one batch: the stream holds the registers)
 
   for (; quad < quads; quad += stride) {
     const QRows<S, kRows> next(a, (quad + stride) * kRows, kVE);
@@ -928,7 +954,7 @@ __global__ void __launch_bounds__(256) qgemv_x8_kernel(QGemvArgs<S> a) {
     if (lane == 0) {
       const int n0 = quad * kRows;
 #pragma unroll
-      for (int r = 0; r < kRows; r += 2) gemv_epilogue(e, 0, n0 + r, acc[r], acc[r + 1]);
+      for (int r = 0; r < kRows; r += 2) gemv_epilogue(e, 0, n0 + r, acc[r] * inv, acc[r + 1] * inv);
     }
     rows = next;
   }
@@ -1045,7 +1071,7 @@ __global__ void __launch_bounds__(256) qgemv_stream_kernel(QGemvArgs<S> a) {
   for (int i = 0; i < NS - 1; ++i) load(i);
   detail::griddep_launch_dependents();
   detail::griddep_wait();
-  quantize_x<S, kBits, kNorm>(e, xq);
+  const float inv = quantize_x<S, kBits, kNorm, kNorm ? 4 : 8>(e, xq);
 
   float acc[2] = {0.f, 0.f};
   for (int i = 0; i < items; ++i) {
@@ -1072,7 +1098,7 @@ __global__ void __launch_bounds__(256) qgemv_stream_kernel(QGemvArgs<S> a) {
     __syncwarp();  // every lane has read the stage: the next load may refill it
     if (ch == chunks - 1) {  // the pair's last chunk
       const float r0 = detail::warp_sum(acc[0]), r1 = detail::warp_sum(acc[1]);
-      if (lane == 0) gemv_epilogue(e, 0, 2 * (first + (i / chunks) * stride), r0, r1);
+      if (lane == 0) gemv_epilogue(e, 0, 2 * (first + (i / chunks) * stride), r0 * inv, r1 * inv);
       acc[0] = acc[1] = 0.f;
     }
   }
@@ -1112,9 +1138,46 @@ void launch_qgemv_stream_as(const QGemvArgs<S>& a, int cap, Launch stream) {
   launch(kernel, dim3(blocks), dim3(256), smem, stream, a);
 }
 
+// The ring of a T == 1 launch: chunk x stages, at most `blocks` an SM (0: as
+// many as fit). Automatic: see choose_qring.
+struct QRingShape {
+  int chunk, stages, blocks;
+};
+
+// 64 x 4, as many blocks an SM as fit (2 for int4 rows up to 14336 values,
+// 3 for int8 rows as short as gemma3-1b's): the fastest or within 1% of it
+// on every synthetic shape swept on an H100 (bench/results/
+// h100-2026-12-06-qring.jsonl, prompt 512, 256 new tokens; int4 g64 8B /
+// 1B / qwen2.5-0.5b / gemma3-1b 2.248 / 0.605 / 0.711 / 1.131 ms, 128x4
+// 2.375 / 0.659 / 0.815 / 1.255, 64x6 and 32x8 slower still; int8 64x4
+// 3.411 / 0.763 / 0.738 / 1.287 against 3.400 / 0.762 / 0.758 / 1.456
+// capped at 2 blocks), and on an H200 (2.045 ms 8B int4 at 2 blocks,
+// bench/results/h200-2026-12-06-qring-wip.jsonl). nvec is unused: no row
+// length swept so far wanted another ring.
+inline QRingShape choose_qring(int nvec) {
+  (void)nvec;
+  return {64, 4, 0};
+}
+
+// The instantiation of Tuning::kQRings[I..] that matches r.
+template <typename S, int kBits, bool kNorm, int I>
+void launch_qgemv_ring(const QGemvArgs<S>& a, QRingShape r, int cap, Launch stream) {
+  if constexpr (I < int(std::size(Tuning::kQRings))) {
+    constexpr int kChunk = Tuning::kQRings[I][0], kStages = Tuning::kQRings[I][1];
+    if (r.chunk == kChunk && r.stages == kStages)
+      return launch_qgemv_stream_as<S, kBits, kNorm, kChunk, kStages>(a, cap, stream);
+    return launch_qgemv_ring<S, kBits, kNorm, I + 1>(a, r, cap, stream);
+  } else {
+    fail_op("linear", "qring=" + std::to_string(r.chunk) + "x" + std::to_string(r.stages) + " is not a compiled ring");
+  }
+}
+
 template <typename S, int kBits, bool kNorm>
-void launch_qgemv_stream(const QGemvArgs<S>& a, Launch stream) {
-  launch_qgemv_stream_as<S, kBits, kNorm, 128, 3>(a, 1, stream);
+void launch_qgemv_stream(const QGemvArgs<S>& a, const LinearParams& p, Launch stream) {
+  const QRingShape r = p.qring_chunk ? QRingShape{p.qring_chunk, p.qring_stages, p.qring_blocks}
+                                     : choose_qring(a.e.K / (128 / kBits));
+  const int cap = r.blocks > 0 ? r.blocks : 1 << 20;
+  launch_qgemv_ring<S, kBits, kNorm, 0>(a, r, cap, stream);
 }
 
 // T > 1: rows [n0, n0 + rows) of quantized weights dequantised to bf16 [rows, K]
@@ -1297,12 +1360,12 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
         if (p.int8_x && p.T == 1) {  // (several tokens: the f32-x kernel below)
           if (p.qbits == 4) {
             if (p.qstream && qstream_fits<W, 4>(q))
-              p.norm ? launch_qgemv_stream<W, 4, true>(q, stream) : launch_qgemv_stream<W, 4, false>(q, stream);
+              p.norm ? launch_qgemv_stream<W, 4, true>(q, p, stream) : launch_qgemv_stream<W, 4, false>(q, p, stream);
             else
               p.norm ? launch_qgemv_x8<W, 4, true>(q, stream) : launch_qgemv_x8<W, 4, false>(q, stream);
           } else {
             if (p.qstream && qstream_fits<W, 8>(q))
-              p.norm ? launch_qgemv_stream<W, 8, true>(q, stream) : launch_qgemv_stream<W, 8, false>(q, stream);
+              p.norm ? launch_qgemv_stream<W, 8, true>(q, p, stream) : launch_qgemv_stream<W, 8, false>(q, p, stream);
             else
               p.norm ? launch_qgemv_x8<W, 8, true>(q, stream) : launch_qgemv_x8<W, 8, false>(q, stream);
           }
