@@ -58,7 +58,9 @@ struct Tuning {
   // its cp.async copies as `LDGSTS.E.BYPASS.128 [R25+UR0], desc[UR1][..]`,
   // a memory descriptor in an odd uniform register, and every launch dies
   // with cudaErrorIllegalInstruction (H100 and H200; compute-sanitizer
-  // names the cp.async; docs/design.md).
+  // names the cp.async; docs/design.md). 64 x 3 fails the same way at int4
+  // (int8 ran, no faster than 64 x 4): three stages are out while ptxas
+  // does this.
   static constexpr int kQRings[4][2] = {{128, 4}, {64, 4}, {64, 6}, {32, 8}};
   // The several-token GEMV (2..8 tokens: verify steps, short prefill chunks):
   // rows per thread group and load batches in flight. Every variant sums
