@@ -247,6 +247,81 @@ __device__ void merge_splits(const AttnArgs<S>& a, unsigned* counter, int hq0, i
   if (threadIdx.x == 0) *counter = 0;  // ready for the next step
 }
 
+// The end of an attend block (attend_kernel, attend_kernel_q): merge the
+// key groups of each warp (lanes with the same slice of head dim, other
+// keys), then the block's warps through shared memory (red_o [kWarps,
+// kMaxG, D], red_ml [kWarps, kMaxG, 2]), in a fixed order; then the output
+// when this is the only active split, else this split's partials, merged by
+// the split that finishes last (merge_splits).
+template <typename S, int kMaxG>
+__device__ __forceinline__ void attend_block_finish(const AttnArgs<S>& a, float (&m)[kMaxG], float (&l)[kMaxG],
+                                                    float (&acc)[kMaxG][8], float* red_o, float* red_ml, int GS,
+                                                    int e0, int Gz, int hq0, int t, int h, int zg, int split,
+                                                    int n_active) {
+  const int D = a.D;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // Merge the key groups of a warp (lanes with the same slice, other keys).
+  for (int off = GS; off < 32; off <<= 1) {
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m[g], off);
+      const float l2 = __shfl_xor_sync(0xffffffffu, l[g], off);
+      const float mn = fmaxf(m[g], m2);
+      const float c1 = m[g] == -INFINITY ? 0.f : expf(m[g] - mn);
+      const float c2 = m2 == -INFINITY ? 0.f : expf(m2 - mn);
+      l[g] = l[g] * c1 + l2 * c2;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float a2 = __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+        acc[g][e] = acc[g][e] * c1 + a2 * c2;
+      }
+      m[g] = mn;
+    }
+  }
+
+  // Merge the warps of the block.
+  if (lane < GS) {
+#pragma unroll
+    for (int g = 0; g < kMaxG; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) red_o[(warp * kMaxG + g) * D + e0 + e] = acc[g][e];
+      if (lane == 0) {
+        red_ml[(warp * kMaxG + g) * 2] = m[g];
+        red_ml[(warp * kMaxG + g) * 2 + 1] = l[g];
+      }
+    }
+  }
+  __syncthreads();
+  const bool single = n_active == 1;
+  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_ml[(w * kMaxG + g) * 2]);
+    float Ls = 0.f, O = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float mw = red_ml[(w * kMaxG + g) * 2];
+      const float c = mw == -INFINITY ? 0.f : expf(mw - M);
+      Ls += red_ml[(w * kMaxG + g) * 2 + 1] * c;
+      O += red_o[(w * kMaxG + g) * D + d] * c;
+    }
+    const int hq = hq0 + g;
+    if (single) {
+      a.out[(size_t(t) * a.Hq + hq) * D + d] = O / Ls;
+    } else {
+      a.part_o[(size_t(hq) * a.ws_splits + split) * D + d] = O;
+      if (d == 0) {
+        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2] = M;
+        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2 + 1] = Ls;
+      }
+    }
+  }
+  if (single) return;
+
+  merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
+}
+
 template <typename S, int kMaxG>
 __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
   constexpr int U = sizeof(S) == 4 ? 2 : 4;  // keys in flight per lane group
@@ -370,66 +445,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttnArgs<S> a) {
     }
   }
 
-  // Merge the key groups of a warp (lanes with the same slice, other keys).
-  for (int off = GS; off < 32; off <<= 1) {
-#pragma unroll
-    for (int g = 0; g < kMaxG; ++g) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m[g], off);
-      const float l2 = __shfl_xor_sync(0xffffffffu, l[g], off);
-      const float mn = fmaxf(m[g], m2);
-      const float c1 = m[g] == -INFINITY ? 0.f : expf(m[g] - mn);
-      const float c2 = m2 == -INFINITY ? 0.f : expf(m2 - mn);
-      l[g] = l[g] * c1 + l2 * c2;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float a2 = __shfl_xor_sync(0xffffffffu, acc[g][e], off);
-        acc[g][e] = acc[g][e] * c1 + a2 * c2;
-      }
-      m[g] = mn;
-    }
-  }
-
-  // Merge the warps of the block.
-  if (lane < GS) {
-#pragma unroll
-    for (int g = 0; g < kMaxG; ++g) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) red_o[(warp * kMaxG + g) * D + e0 + e] = acc[g][e];
-      if (lane == 0) {
-        red_ml[(warp * kMaxG + g) * 2] = m[g];
-        red_ml[(warp * kMaxG + g) * 2 + 1] = l[g];
-      }
-    }
-  }
-  __syncthreads();
-  const bool single = n_active == 1;
-  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_ml[(w * kMaxG + g) * 2]);
-    float Ls = 0.f, O = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = red_ml[(w * kMaxG + g) * 2];
-      const float c = mw == -INFINITY ? 0.f : expf(mw - M);
-      Ls += red_ml[(w * kMaxG + g) * 2 + 1] * c;
-      O += red_o[(w * kMaxG + g) * D + d] * c;
-    }
-    const int hq = hq0 + g;
-    if (single) {
-      a.out[(size_t(t) * a.Hq + hq) * D + d] = O / Ls;
-    } else {
-      a.part_o[(size_t(hq) * a.ws_splits + split) * D + d] = O;
-      if (d == 0) {
-        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2] = M;
-        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2 + 1] = Ls;
-      }
-    }
-  }
-  if (single) return;
-
-  merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
+  attend_block_finish<S, kMaxG>(a, m, l, acc, red_o, red_ml, GS, e0, Gz, hq0, t, h, zg, split, n_active);
 }
 
 // ---------------------------------------------------------------- tensor-core prefill (Tuning::prefill_attn)
@@ -1558,64 +1574,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel_q(AttnArgs<detail::QKV
     }
   }
 
-  for (int off = GS; off < 32; off <<= 1) {
-#pragma unroll
-    for (int g = 0; g < kMaxG; ++g) {
-      const float m2 = __shfl_xor_sync(0xffffffffu, m[g], off);
-      const float l2 = __shfl_xor_sync(0xffffffffu, l[g], off);
-      const float mn = fmaxf(m[g], m2);
-      const float c1_ = m[g] == -INFINITY ? 0.f : expf(m[g] - mn);
-      const float c2 = m2 == -INFINITY ? 0.f : expf(m2 - mn);
-      l[g] = l[g] * c1_ + l2 * c2;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float a2 = __shfl_xor_sync(0xffffffffu, acc[g][e], off);
-        acc[g][e] = acc[g][e] * c1_ + a2 * c2;
-      }
-      m[g] = mn;
-    }
-  }
-
-  if (lane < GS) {
-#pragma unroll
-    for (int g = 0; g < kMaxG; ++g) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) red_o[(warp * kMaxG + g) * D + e0 + e] = acc[g][e];
-      if (lane == 0) {
-        red_ml[(warp * kMaxG + g) * 2] = m[g];
-        red_ml[(warp * kMaxG + g) * 2 + 1] = l[g];
-      }
-    }
-  }
-  __syncthreads();
-  const bool single = n_active == 1;
-  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, red_ml[(w * kMaxG + g) * 2]);
-    float Ls = 0.f, O = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = red_ml[(w * kMaxG + g) * 2];
-      const float c = mw == -INFINITY ? 0.f : expf(mw - M);
-      Ls += red_ml[(w * kMaxG + g) * 2 + 1] * c;
-      O += red_o[(w * kMaxG + g) * D + d] * c;
-    }
-    const int hq = hq0 + g;
-    if (single) {
-      a.out[(size_t(t) * a.Hq + hq) * D + d] = O / Ls;
-    } else {
-      a.part_o[(size_t(hq) * a.ws_splits + split) * D + d] = O;
-      if (d == 0) {
-        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2] = M;
-        a.part_ml[(size_t(hq) * a.ws_splits + split) * 2 + 1] = Ls;
-      }
-    }
-  }
-  if (single) return;
-
-  merge_splits<S, kMaxG>(a, a.counters + h * a.zgroups + zg, hq0, hq0, Gz, n_active, a.out + size_t(t) * a.Hq * D);
+  attend_block_finish<S, kMaxG>(a, m, l, acc, red_o, red_ml, GS, e0, Gz, hq0, t, h, zg, split, n_active);
 }
 
 // Decode (T == 1) over quantized pools: decode_kernel's tiles, with
