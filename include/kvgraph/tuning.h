@@ -48,7 +48,7 @@ struct Tuning {
   // warp's pair a stage, qring_stages stages a warp (a pair of kQRings
   // below: what is compiled), at most qring_blocks
   // 256-thread blocks an SM (0: as many as fit). qring_chunk 0: automatic
-  // (the shape chosen from the H200 sweep in docs/design.md).
+  // (64 x 4, as many blocks as fit: the sweep in docs/design.md).
   int qring_chunk = 0;
   int qring_stages = 0;
   int qring_blocks = 0;
