@@ -1152,7 +1152,7 @@ struct QRingShape {
 // 2.375 / 0.659 / 0.815 / 1.255, 64x6 and 32x8 slower still; int8 64x4
 // 3.411 / 0.763 / 0.738 / 1.287 against 3.400 / 0.762 / 0.758 / 1.456
 // capped at 2 blocks), and on an H200 (2.045 ms 8B int4 at 2 blocks,
-// bench/results/h200-2026-12-06-qring-wip.jsonl). nvec is unused: no row
+// bench/results/h200-2026-12-06-qring.jsonl). nvec is unused: no row
 // length swept so far wanted another ring.
 inline QRingShape choose_qring(int nvec) {
   (void)nvec;
