@@ -185,7 +185,7 @@ TEST_F(CudaQuantLinear, Int8XGemvIsWithinInt8RoundingOfTheReference) {
     }
 }
 
-// Every compiled ring of the streamed kernel (Tuning::qring), capped at one
+// Every compiled ring of the streamed kernel (Tuning::kQRings), capped at one
 // block an SM and uncapped: full and short chunks (K = 14336 int4: 448
 // vectors, 3.5 chunks of 128, 7 of 64, 14 of 32; K = 896: one short chunk
 // or less), an odd row count, several pairs a warp (8402 rows), each group

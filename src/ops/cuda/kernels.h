@@ -185,7 +185,7 @@ struct LinearParams {
   bool int8_x = false;
   // With int8_x: the streamed kernel (Tuning::quantized_stream) where it fits.
   bool qstream = true;
-  // Its ring (Tuning::qring_*): chunk 0 is automatic (choose_qring in linear.cu).
+  // Its ring (Tuning::qring_*): chunk 0 is automatic (kAutoQRing in linear.cu).
   int qring_chunk = 0, qring_stages = 0, qring_blocks = 0;
 };
 

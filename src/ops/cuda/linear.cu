@@ -1139,7 +1139,7 @@ void launch_qgemv_stream_as(const QGemvArgs<S>& a, int cap, Launch stream) {
 }
 
 // The ring of a T == 1 launch: chunk x stages, at most `blocks` an SM (0: as
-// many as fit). Automatic: see choose_qring.
+// many as fit). Automatic: kAutoQRing.
 struct QRingShape {
   int chunk, stages, blocks;
 };
@@ -1152,12 +1152,9 @@ struct QRingShape {
 // 2.375 / 0.659 / 0.815 / 1.255, 64x6 and 32x8 slower still; int8 64x4
 // 3.411 / 0.763 / 0.738 / 1.287 against 3.400 / 0.762 / 0.758 / 1.456
 // capped at 2 blocks), and on an H200 (2.045 ms 8B int4 at 2 blocks,
-// bench/results/h200-2026-12-06-qring.jsonl). nvec is unused: no row
-// length swept so far wanted another ring.
-inline QRingShape choose_qring(int nvec) {
-  (void)nvec;
-  return {64, 4, 0};
-}
+// bench/results/h200-2026-12-06-qring.jsonl). No row length swept so far
+// wanted another ring, so it depends on nothing.
+constexpr QRingShape kAutoQRing = {64, 4, 0};
 
 // The instantiation of Tuning::kQRings[I..] that matches r.
 template <typename S, int kBits, bool kNorm, int I>
@@ -1174,8 +1171,7 @@ void launch_qgemv_ring(const QGemvArgs<S>& a, QRingShape r, int cap, Launch stre
 
 template <typename S, int kBits, bool kNorm>
 void launch_qgemv_stream(const QGemvArgs<S>& a, const LinearParams& p, Launch stream) {
-  const QRingShape r = p.qring_chunk ? QRingShape{p.qring_chunk, p.qring_stages, p.qring_blocks}
-                                     : choose_qring(a.e.K / (128 / kBits));
+  const QRingShape r = p.qring_chunk ? QRingShape{p.qring_chunk, p.qring_stages, p.qring_blocks} : kAutoQRing;
   const int cap = r.blocks > 0 ? r.blocks : 1 << 20;
   launch_qgemv_ring<S, kBits, kNorm, 0>(a, r, cap, stream);
 }
