@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <string>
@@ -412,8 +413,8 @@ TEST(BackendOps, UpdateAndAttendQuantized) {
 }
 
 // The same over the tensor-core decode kernel for quantized pools
-// (`attn=mma`; head dim 128, one-token steps): the same bounds, the same
-// pool bytes.
+// (`attn=mma`; head dims 64 and 128, one-token steps): the same bounds, the
+// same pool bytes.
 TEST(BackendOps, UpdateAndAttendQuantizedOnTheTensorCores) {
   SKIP_WITHOUT_GPU();
   const int before = g_cases;
@@ -423,9 +424,10 @@ TEST(BackendOps, UpdateAndAttendQuantizedOnTheTensorCores) {
   for (const KvStorage& st : {KvStorage{i8g32}, KvStorage{i8g64}, KvStorage{i4g32}, KvStorage{i4g64},
                               KvStorage{fp8}, KvStorage{i8g64, i4g32}, KvStorage{i8g32, i4g64}})
     for (bool ring : {false, true})
+      for (int hd : {64, 128})
       for (const auto& g : gqa)
         for (int k = 0; k < 4; k += 2) {  // without, then with the prologue (packed, softcap)
-          AttendCase c{g[0], g[1], 128, st, ring, k == 2, k == 2, k == 2 ? 30.f : 0.f, Tuning::parse("attn=mma")};
+          AttendCase c{g[0], g[1], hd, st, ring, k == 2, k == 2, k == 2 ? 30.f : 0.f, Tuning::parse("attn=mma")};
           const bool int4 = st.k.type == KvType::Int4 || st.v.type == KvType::Int4;
           const double tol = !c.prologue ? 1e-4 : int4 ? 0.1 : 2e-2;
           compare(describe(c) + " attn=mma", tol, [&](Stream& s, Device d) { return run_attend(c, s, d); });
@@ -434,6 +436,85 @@ TEST(BackendOps, UpdateAndAttendQuantizedOnTheTensorCores) {
                     [&](Stream& s, Device d) { return run_attend(c, s, d, true); });
         }
   report("update_and_attend quantized, attn=mma", before);
+}
+
+// The same kernel over long spans: ~6K keys a head, flat and a ring that
+// wrapped, so a head's keys make dozens of chunks, claimed by fewer blocks
+// than there are chunks. The pools are filled with the same random codes and
+// scales on both backends (a prefill this long is minutes of CPU), then come
+// one-token steps; the bound is that of the short cases.
+std::vector<float> run_long_quantized(const KvStorage& st, bool ring, int hd, Stream& s, Device d) {
+  const int Hq = 32, Hkv = 8, L = 6000, window = 4000;
+  if (d == Device::CUDA) s.set_tuning(Tuning::parse("attn=mma"));
+  CacheConfig cfg;
+  cfg.storage = st;
+  cfg.device = d;
+  cfg.layers = {LayerSpec{ring ? CachePolicy(Ring{window, 8}) : CachePolicy(Flat{L + 64}), Hq, Hkv, hd}};
+  SequenceCache cache(cfg);
+  std::mt19937 rng(7);
+  auto fill_codes = [&](Tensor t, KvType type) {
+    std::vector<uint8_t> b(t.nbytes());
+    for (auto& x : b) {
+      x = uint8_t(rng());
+      if (type == KvType::Fp8 && (x & 0x7f) == 0x7f) x ^= 1;  // not NaN
+    }
+    t.copy_from_host(b.data());
+  };
+  auto fill_aux = [&](Tensor t, KvType type) {
+    std::vector<uint32_t> w(t.nbytes() / 4);
+    std::uniform_real_distribution<float> scale(0.002f, 0.03f), bias(-0.5f, 0.5f);
+    for (auto& x : w) {
+      if (type == KvType::Fp8) {
+        const float f = scale(rng);
+        std::memcpy(&x, &f, 4);
+      } else {
+        x = uint32_t(f32_to_f16(scale(rng))) | uint32_t(f32_to_f16(bias(rng))) << 16;
+      }
+    }
+    t.copy_from_host(w.data());
+  };
+  fill_codes(cache.k_pool(0), st.k.type);
+  fill_codes(cache.v_pool(0), st.v.type);
+  fill_aux(cache.k_aux(0), st.k.type);
+  fill_aux(cache.v_aux(0), st.v.type);
+  cache.set_extent(L, L);
+  Tensor pos = Tensor::zeros({1}, DType::I32, d);
+  std::vector<float> all;
+  uint32_t seed = 300;
+  for (int step = 0; step < 4; ++step) {
+    const int32_t p = cache.length();
+    pos.copy_from_host(&p);
+    Tensor q = make(randn(size_t(Hq) * hd, seed++), {1, Hq, hd}, d);
+    Tensor k = make(randn(size_t(Hkv) * hd, seed++), {1, Hkv, hd}, d);
+    Tensor v = make(randn(size_t(Hkv) * hd, seed++), {1, Hkv, hd}, d);
+    Tensor out = Tensor::zeros({1, Hq, hd}, DType::F32, d);
+    const CacheStep cs = cache.begin_step(s, pos, 1);
+    ops::AttendArgs a{.cache = &cache, .step = cs, .layer = 0, .out = &out, .scale = 1.f / std::sqrt(float(hd))};
+    a.q = &q;
+    a.k = &k;
+    a.v = &v;
+    ops::update_and_attend(s, a);
+    s.synchronize();
+    cache.commit(cs);
+    const std::vector<float> o = out.to_f32_vector();
+    all.insert(all.end(), o.begin(), o.end());
+  }
+  return all;
+}
+
+TEST(BackendOps, UpdateAndAttendQuantizedOnTheTensorCoresOverLongSpans) {
+  SKIP_WITHOUT_GPU();
+  const int before = g_cases;
+  const KvFormat i8g32{KvType::Int8, 32}, i8g64{KvType::Int8, 64}, i4g32{KvType::Int4, 32}, i4g64{KvType::Int4, 64},
+      fp8{KvType::Fp8};
+  for (const KvStorage& st : {KvStorage{i8g32}, KvStorage{i8g64}, KvStorage{i4g32}, KvStorage{i4g64},
+                              KvStorage{fp8}, KvStorage{i8g64, i4g32}, KvStorage{i8g32, i4g64}})
+    for (bool ring : {false, true})
+      for (int hd : {64, 128})
+        compare(std::string("long ") + (ring ? "ring " : "flat ") + kv_storage_name(st) + " hd=" + std::to_string(hd) +
+                    " attn=mma",
+                1e-4, [&](Stream& s, Device d) { return run_long_quantized(st, ring, hd, s, d); });
+  report("update_and_attend quantized over long spans, attn=mma", before);
 }
 
 }  // namespace

@@ -68,6 +68,8 @@ struct AttnArgs {
   float* part_o;     // [Hq, ws_splits, D]
   float* part_ml;    // [Hq, ws_splits, 2]
   unsigned* counters;  // [Hkv * zgroups]
+  int chunk_group;     // decode_mma_kernel_q: chunks a merge group holds
+  int group_slots;     // ... and group counters a (kv head, head group)
   bool fused_write;  // T == 1: this kernel writes the new row; reads of it use k/v directly
   const float* q_norm;
   const float* k_norm;
@@ -218,33 +220,102 @@ __device__ void merge_splits(const AttnArgs<S>& a, unsigned* counter, int hq0, i
     if (lane == 0) l_s[g] = sum;
   }
   __syncthreads();
-  // Thread t owns outputs t, t + kThreads, ... (at most kPer): for each split,
-  // the loads of all its outputs go out together.
-  constexpr int kPer = kMaxG * 256 / kThreads;
-  const int D = a.D, n_out = Gz * D;
-  const float* po[kPer];
-  int gk[kPer];
-  float O[kPer];
-  const int lgD = __ffs(D) - 1;  // D is a power of two
+  // Thread t owns the float4s t, t + kThreads, ... of the Gz * D outputs (at
+  // most kPer4); eight splits' loads go out together (the merge of 128
+  // chunks' partials is the kernel's tail: with a load or two in flight a
+  // thread it took ~100 us). Each output still sums its splits in split
+  // order.
+  constexpr int kPer4 = (kMaxG * 256 / 4 + kThreads - 1) / kThreads;
+  const int D = a.D, n4 = Gz * D / 4;
+  const float* po[kPer4];
+  int gk[kPer4];
+  float4 O[kPer4];
+  const int lgD = __ffs(D) - 1;  // D is a power of two (>= 8)
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = min(int(threadIdx.x) + k * kThreads, n_out - 1);
+  for (int k = 0; k < kPer4; ++k) {
+    const int i = min(int(threadIdx.x) + k * kThreads, n4 - 1) * 4;
     gk[k] = i >> lgD;
     po[k] = a.part_o + size_t(part0 + gk[k]) * a.ws_splits * D + (i & (D - 1));
-    O[k] = 0.f;
+    O[k] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
-#pragma unroll 2
+#pragma unroll 8
   for (int s = 0; s < n_active; ++s) {
 #pragma unroll
-    for (int k = 0; k < kPer; ++k)
-      if (threadIdx.x + k * kThreads < n_out) O[k] = fmaf(__ldcg(po[k] + size_t(s) * D), w_s[gk[k]][s], O[k]);
+    for (int k = 0; k < kPer4; ++k)
+      if (threadIdx.x + k * kThreads < n4) {
+        const float4 v = __ldcg(reinterpret_cast<const float4*>(po[k] + size_t(s) * D));
+        const float w = w_s[gk[k]][s];
+        O[k].x = fmaf(v.x, w, O[k].x);
+        O[k].y = fmaf(v.y, w, O[k].y);
+        O[k].z = fmaf(v.z, w, O[k].z);
+        O[k].w = fmaf(v.w, w, O[k].w);
+      }
   }
 #pragma unroll
-  for (int k = 0; k < kPer; ++k) {
-    const int i = threadIdx.x + k * kThreads;
-    if (i < n_out) out[size_t(hq0) * D + i] = O[k] / l_s[gk[k]];
+  for (int k = 0; k < kPer4; ++k) {
+    const int i = (threadIdx.x + k * kThreads) * 4;
+    if (i < Gz * D) {
+      float* o = out + size_t(hq0) * D + i;
+      const float l = l_s[gk[k]];
+      o[0] = O[k].x / l;
+      o[1] = O[k].y / l;
+      o[2] = O[k].z / l;
+      o[3] = O[k].w / l;
+    }
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next step
+}
+
+// Merges `count` (<= 32) split-KV partials of Gz heads (partial rows part0
+// + g) held in slots first, first + stride, ..., in slot order: into the
+// output rows `out` (O / l), or, with out == nullptr, into slot `first` as
+// one partial (unnormalised O, m, l). Loads of eight slots go out together.
+// Deterministic; the caller has made the partials visible (fence + counter).
+template <int kMaxG>
+__device__ void merge_slots(int D, int ws, float* part_o, float* part_ml, int part0, int Gz, int first, int count,
+                            int stride, float* out) {
+  __shared__ float w_s[kMaxG][32];
+  __shared__ float ml_s[kMaxG][2];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int g = warp; g < Gz; g += kWarps) {
+    const float* ml = part_ml + size_t(part0 + g) * ws * 2;
+    const int slot = first + lane * stride;
+    const float m = lane < count ? __ldcg(ml + 2 * slot) : -INFINITY;
+    const float l = lane < count ? __ldcg(ml + 2 * slot + 1) : 0.f;
+    const float M = detail::warp_max(m);
+    const float w = m == -INFINITY ? 0.f : expf(m - M);
+    w_s[g][lane] = w;
+    const float L = detail::warp_sum(l * w);
+    if (lane == 0) ml_s[g][0] = M, ml_s[g][1] = L;
+  }
+  __syncthreads();
+  const int lgD = __ffs(D) - 1;
+  for (int i4 = threadIdx.x; i4 < Gz * D / 4; i4 += kThreads) {
+    const int i = i4 * 4, g = i >> lgD, d = i & (D - 1);
+    float* po = part_o + size_t(part0 + g) * ws * D + d;
+    float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+    for (int s = 0; s < count; ++s) {
+      const float4 v = __ldcg(reinterpret_cast<const float4*>(po + size_t(first + s * stride) * D));
+      const float w = w_s[g][s];
+      O.x = fmaf(v.x, w, O.x);
+      O.y = fmaf(v.y, w, O.y);
+      O.z = fmaf(v.z, w, O.z);
+      O.w = fmaf(v.w, w, O.w);
+    }
+    if (out) {
+      const float L = ml_s[g][1];
+      float* o = out + size_t(g) * D + d;
+      o[0] = O.x / L, o[1] = O.y / L, o[2] = O.z / L, o[3] = O.w / L;
+    } else {
+      *reinterpret_cast<float4*>(po + size_t(first) * D) = O;
+    }
+  }
+  if (!out && threadIdx.x < Gz) {
+    float* ml = part_ml + (size_t(part0 + threadIdx.x) * ws + first) * 2;
+    ml[0] = ml_s[threadIdx.x][0];
+    ml[1] = ml_s[threadIdx.x][1];
+  }
 }
 
 // The end of an attend block (attend_kernel, attend_kernel_q): merge the
@@ -1234,10 +1305,13 @@ __device__ __forceinline__ void mma_pv(float (&o)[D / 8][4], const uint32_t (&pf
 // The end of a decode_mma kernel, once every copy has landed: each warp's
 // (O, m, l) of head g through shared memory (scratch: the warps' tiles, free
 // now), merged in warp order, stored, the split finished. bias(n): added to
-// the output columns of o[n] (a quantized V's bias sums; 0 otherwise).
-template <typename S, int D, int kMaxG, typename Bias>
+// the output columns of o[n] (a quantized V's bias sums; 0 otherwise);
+// col(n, e): the output dim of the lane's column 2 c + e of n block n
+// (8 n + 2 c + e unless the kernel permuted V's columns).
+template <typename S, int D, int kMaxG, typename Bias, typename Col>
 __device__ __forceinline__ void mma_block_finish(const AttnArgs<S>& a, const DecodeBlock& b, float* scratch,
-                                                 const float (&o)[D / 8][4], float m_run, float l_run, Bias bias) {
+                                                 const float (&o)[D / 8][4], float m_run, float l_run, Bias bias,
+                                                 Col col, bool merge = true) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
@@ -1247,8 +1321,8 @@ __device__ __forceinline__ void mma_block_finish(const AttnArgs<S>& a, const Dec
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) {
     const float add = bias(n);
-    *reinterpret_cast<float2*>(ow + (warp * kMaxG + g) * D + n * 8 + 2 * c) =
-        make_float2(o[n][0] + o[n][2] + add, o[n][1] + o[n][3] + add);
+    ow[(warp * kMaxG + g) * D + col(n, 0)] = o[n][0] + o[n][2] + add;
+    ow[(warp * kMaxG + g) * D + col(n, 1)] = o[n][1] + o[n][3] + add;
   }
   if (c == 0) {
     mlw[(warp * kMaxG + g) * 2] = m_run;
@@ -1270,7 +1344,7 @@ __device__ __forceinline__ void mma_block_finish(const AttnArgs<S>& a, const Dec
     }
     decode_store(a, b, gg, d, O, M, L);
   }
-  decode_finish<S, kMaxG>(a, b);
+  if (merge) decode_finish<S, kMaxG>(a, b);
 }
 
 template <typename S, int D, bool kMulti>
@@ -1392,7 +1466,8 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel(AttnArgs<S> a) {
     __syncwarp();  // the next load refills stage (i + NS) % NS... after every lane read this one
   }
   cp_async_wait<0>();
-  mma_block_finish<S, D, kMaxG>(a, b, reinterpret_cast<float*>(tiles), o, m_run, l_run, [](int) { return 0.f; });
+  mma_block_finish<S, D, kMaxG>(a, b, reinterpret_cast<float*>(tiles), o, m_run, l_run, [](int) { return 0.f; },
+                                [&](int n, int e) { return n * 8 + 2 * (lane % 4) + e; });
 }
 
 // k/v rows of the step's T tokens -> pool slots (rounded to the storage type).
@@ -1769,25 +1844,74 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
 }
 
 // Decode attention over quantized pools on the tensor cores (the
-// decode_mma_kernel scheme; head dim 128, one-token steps; K and V of the
-// formats decode_kernel_q takes). Each warp's stages hold the sub-tile's
-// codes and scales as stored (cp.async); the codes go to f16 exactly
-// (int8/int4 codes are integers below 2^11, e4m3 values are f16 values)
-// in the warp's own K and V tiles, and the mma rows carry q and P as two
-// rounded f16 halves. K: one accumulator set per scale group, so each
-// group's q . codes is scaled once: x = sum_g s_g (q_g . c_g) + b_g sum(q_g).
-// V: the P operand of group g is p * s_g (hi + lo), and sum p * b_g goes on
-// the side. The math of decode_kernel_q (scales factored out of sums of
-// exact products), so its tests' bounds hold. Never a dequantized copy.
-constexpr int kMmaQStages = 4;
+// decode_mma_kernel scheme; head dims 64 and 128, one-token steps; K and V
+// of the formats decode_kernel_q takes). Blocks claim chunks of ~1024 keys
+// from their head's counter until none is left, and the chunks' partials
+// merge in two levels (see the end of the kernel). Each warp's stages hold the sub-tile's
+// codes and scales as stored (cp.async), and the mma operands are built from
+// them in registers: no f16 copy of a tile, no ldmatrix. The scores and the
+// output are sums over head dims and keys, so the kernel is free to choose
+// which dims and keys sit in which fragment slot, and chooses the ones that
+// make each lane's codes contiguous bytes:
+//   K (S = Q K^T, B operand): lane (g, c) supplies key 8 n + g of n block n;
+//     within a scale segment (a group; fp8: 64 dims) it reads one run of
+//     bytes, a quarter of the segment (c-th), and turns it into its
+//     k-positions 2 c, 2 c + 1 / 2 c + 8, 2 c + 9 of the segment's k-steps
+//     (k_frag, k_elem). The q fragments are built with the same map from the
+//     f32 q rows, so q . k is unchanged. Codes become f16 with one PRMT or
+//     LOP3 a pair, offset (int8: 1024 + c; int4: 64 + c, all exact); the
+//     offset's share, offset * sum(q), is subtracted per group in f32.
+//   V (O += P V, B operand): lane (g, c) supplies keys 2 c, 2 c + 1 (b0) and
+//     2 c + 8, 2 c + 9 (b1) at output column g of each n block; n block t of
+//     a segment maps column g to dim g * VT + t, so the lane reads one run of
+//     VT dims per key and segment and pairs the same dim of two keys
+//     (v_pairs). The output columns are permuted back when stored.
+// K: one accumulator set per scale group, score = sum_g s_g (q_g . c_g) +
+// b_g sum(q_g); V: the P operand of group g is p * s_g (hi + lo) and sum p *
+// b_g goes on the side: the math of decode_kernel_q (scales factored out of
+// sums of exact products), so its tests' bounds hold. K rows are stored with
+// their 16-byte chunks XOR-swizzled and V rows padded by 16 bytes, so every
+// fragment read is free of bank conflicts. Never a dequantized copy.
 
-template <typename S>
-__device__ __forceinline__ uint32_t pair_f16(uint32_t lo_src, uint32_t hi_src, uint32_t sel) {
-  // Two bytes (codes < 256) as an f16x2 of the codes: 1024 + c, minus 1024.
-  const uint32_t w = (__byte_perm(lo_src, hi_src, sel) & 0x00ff00ffu) | 0x64006400u;
+// A K or V row's scale segments: an affine format's group; fp8 (one scale a
+// row) 64 dims.
+template <typename Q, int G>
+struct QSeg {
+  static constexpr bool kAffine = detail::QTraits<Q>::kAffine;
+  static constexpr bool kInt4 = std::is_same_v<Q, detail::q4>;
+  static constexpr int kDims = kAffine ? G : 64;
+  static constexpr int kBytes = kInt4 ? kDims / 2 : kDims;  // stored bytes of one row's segment
+  // The code value is (f16 of the fragment) - kOffset: int8 codes as 1024 +
+  // c, int4 as 64 + c (exact in f16), fp8 as its value.
+  static constexpr float kOffset = kInt4 ? 64.f : kAffine ? 1024.f : 0.f;
+};
+
+// Bytes of a run: 4, 8 or 16 from shared memory into words.
+template <int RB>
+__device__ __forceinline__ void lds_run(const uint8_t* p, uint32_t* w) {
+  if constexpr (RB == 16) {
+    const uint4 v = *reinterpret_cast<const uint4*>(p);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  } else if constexpr (RB == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x, w[1] = v.y;
+  } else if constexpr (RB == 4) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else {
+    static_assert(RB == 2, "runs of 2, 4, 8 or 16 bytes");
+    w[0] = *reinterpret_cast<const uint16_t*>(p);
+  }
+}
+
+__device__ __forceinline__ uint32_t fp8x2_f16x2(uint32_t two) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
+  uint32_t r;
+  memcpy(&r, &h, 4);
+  return r;
+}
+__device__ __forceinline__ uint32_t f16x2_sub(uint32_t w, uint32_t magic) {
   __half2 h, m;
   memcpy(&h, &w, 4);
-  const uint32_t magic = 0x64006400u;
   memcpy(&m, &magic, 4);
   h = __hsub2(h, m);
   uint32_t r;
@@ -1795,26 +1919,62 @@ __device__ __forceinline__ uint32_t pair_f16(uint32_t lo_src, uint32_t hi_src, u
   return r;
 }
 
-// 16 stored bytes of codes -> their values as f16 pairs, in element order
-// (16 values: int8 / e4m3; 32: int4). out: 8 or 16 words.
-template <typename S>
-__device__ __forceinline__ void codes_to_f16(const uint4& c, uint32_t* out) {
-  const uint32_t w[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (std::is_same_v<S, detail::q8>) {
-      out[2 * i] = pair_f16<S>(w[i], 0u, 0x0100u);  // selector nibble n: the source byte of result byte n
-      out[2 * i + 1] = pair_f16<S>(w[i], 0u, 0x0302u);
-    } else if constexpr (std::is_same_v<S, detail::q4>) {
-      const uint32_t lo = w[i] & 0x0f0f0f0fu, hi = (w[i] >> 4) & 0x0f0f0f0fu;  // even, odd values
-#pragma unroll
-      for (int k = 0; k < 4; ++k) out[4 * i + k] = pair_f16<S>(lo, hi, uint32_t(k) | (uint32_t(4 + k) << 8));
+// K fragments of k-step j of a segment from the lane's run w (int8/fp8: 4
+// bytes a k-step; int4: 4 bytes a pair of k-steps). b0 holds run elements
+// k_elem(j, 0, 0..1), b1 k_elem(j, 1, 0..1), as f16 plus QSeg::kOffset.
+template <typename Q>
+__device__ __forceinline__ void k_frag(const uint32_t* w, int j, uint32_t& b0, uint32_t& b1) {
+  if constexpr (std::is_same_v<Q, detail::q8>) {
+    b0 = __byte_perm(w[j], 0x64646464u, 0x5140);  // bytes 0, 1 -> 0x64cc pairs: 1024 + c
+    b1 = __byte_perm(w[j], 0x64646464u, 0x5342);
+  } else if constexpr (std::is_same_v<Q, detail::q4>) {
+    const uint32_t x = w[j >> 1];  // element 2 i: the low nibble of byte i; 0x54n0: 64 + n
+    if (j & 1) {
+      b0 = ((x >> 4) & 0x00f000f0u) | 0x54005400u;  // elements 2, 6
+      b1 = ((x >> 8) & 0x00f000f0u) | 0x54005400u;  // 3, 7
     } else {
+      b0 = ((x << 4) & 0x00f000f0u) | 0x54005400u;  // 0, 4
+      b1 = (x & 0x00f000f0u) | 0x54005400u;         // 1, 5
+    }
+  } else {
+    b0 = fp8x2_f16x2(w[j]);
+    b1 = fp8x2_f16x2(w[j] >> 16);
+  }
+}
+template <typename Q>
+__host__ __device__ constexpr int k_elem(int j, int reg, int h) {
+  return std::is_same_v<Q, detail::q4> ? 8 * (j / 2) + 2 * (j % 2) + reg + 4 * h : 4 * j + 2 * reg + h;
+}
+
+// V pairs: runs A and B (the same VT dims of two keys) -> out[t] = (A_t, B_t)
+// as f16 values of the codes.
+template <typename Q, int VT>
+__device__ __forceinline__ void v_pairs(const uint32_t* A, const uint32_t* B, uint32_t* out) {
+  if constexpr (std::is_same_v<Q, detail::q4>) {
+    static_assert(VT == 8 || VT == 4, "int4 runs of 4 or 2 bytes");
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const __half2_raw h =
-            __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((w[i] >> (16 * k)) & 0xffffu), __NV_E4M3);
-        memcpy(&out[2 * i + k], &h, 4);
+    for (int h = 0; h < VT / 4; ++h) {
+      const uint32_t x = __byte_perm(A[0], B[0], h ? 0x7632 : 0x5410);  // A byte 2h, 2h + 1, B's
+      out[4 * h] = f16x2_sub((x & 0x000f000fu) | 0x64006400u, 0x64006400u);
+      out[4 * h + 1] = f16x2_sub((x & 0x00f000f0u) | 0x54005400u, 0x54005400u);
+      out[4 * h + 2] = f16x2_sub(((x >> 8) & 0x000f000fu) | 0x64006400u, 0x64006400u);
+      out[4 * h + 3] = f16x2_sub(((x >> 8) & 0x00f000f0u) | 0x54005400u, 0x54005400u);
+    }
+  } else {
+    static_assert(VT % 4 == 0, "8-bit runs of whole words");
+#pragma unroll
+    for (int w = 0; w < VT / 4; ++w) {
+      const uint32_t x = __byte_perm(A[w], B[w], 0x5140), y = __byte_perm(A[w], B[w], 0x7362);  // A0 B0 A1 B1, A2 B2 A3 B3
+      if constexpr (std::is_same_v<Q, detail::q8>) {
+        out[4 * w] = f16x2_sub(__byte_perm(x, 0x64646464u, 0x5140), 0x64006400u);
+        out[4 * w + 1] = f16x2_sub(__byte_perm(x, 0x64646464u, 0x5342), 0x64006400u);
+        out[4 * w + 2] = f16x2_sub(__byte_perm(y, 0x64646464u, 0x5140), 0x64006400u);
+        out[4 * w + 3] = f16x2_sub(__byte_perm(y, 0x64646464u, 0x5342), 0x64006400u);
+      } else {
+        out[4 * w] = fp8x2_f16x2(x);
+        out[4 * w + 1] = fp8x2_f16x2(x >> 16);
+        out[4 * w + 2] = fp8x2_f16x2(y);
+        out[4 * w + 3] = fp8x2_f16x2(y >> 16);
       }
     }
   }
@@ -1829,31 +1989,49 @@ template <typename S, int D, int G>
 constexpr int aux_bytes() {
   return detail::QTraits<S>::kAffine ? 4 * (D / G) : 4;
 }
-// Bytes of a warp's stage: K codes, V codes, K aux, V aux of kMmaKeys rows.
+// Bytes of a warp's stage: K codes, V codes (rows padded by 16 bytes), K aux, V aux of kMmaKeys rows.
 template <typename KS, typename VS, int D, int KG, int VG>
 constexpr int mma_q_stage() {
-  return kMmaKeys * (code_bytes<KS, D>() + code_bytes<VS, D>() + aux_bytes<KS, D, KG>() + aux_bytes<VS, D, VG>());
+  return kMmaKeys * (code_bytes<KS, D>() + code_bytes<VS, D>() + 16 + aux_bytes<KS, D, KG>() + aux_bytes<VS, D, VG>());
 }
-template <typename KS, typename VS, int D, int KG, int VG>
+// Stages a warp holds: as many as leave kBlocks blocks an SM room (~60 KB
+// of stages a block for three, ~90 KB for two).
+template <typename KS, typename VS, int D, int KG, int VG, int kBlocks>
+constexpr int mma_q_stages() {
+  return std::clamp((kBlocks == 2 ? 92160 : 61440) / (kWarps * mma_q_stage<KS, VS, D, KG, VG>()), 3, 6);
+}
+template <typename KS, typename VS, int D, int KG, int VG, int kBlocks>
 constexpr size_t decode_mma_q_smem() {
   return decode_head_floats(kMmaHeads, D) * sizeof(float) + size_t(kMmaHeads) * (D / 16) * sizeof(float) +
-         2 * size_t(kMaxCodeRow + kMaxAuxRow) + size_t(2 * kMmaHeads) * (D + 8) * 2 +
-         size_t(kWarps) * (kMmaQStages * mma_q_stage<KS, VS, D, KG, VG>() + kMmaKeys * (D + 8) * 2);
+         2 * size_t(kMaxCodeRow + kMaxAuxRow) +
+         size_t(kWarps) * mma_q_stages<KS, VS, D, KG, VG, kBlocks>() * mma_q_stage<KS, VS, D, KG, VG>();
 }
 
-template <typename KS, typename VS, int D, int KG, int VG>
-__global__ void __launch_bounds__(kThreads) decode_mma_kernel_q(AttnArgs<detail::QKV<KS, VS>> a) {
+template <typename KS, typename VS, int D, int KG, int VG, int kBlocks>
+__global__ void __launch_bounds__(kThreads, kBlocks) decode_mma_kernel_q(AttnArgs<detail::QKV<KS, VS>> a) {
   using S = detail::QKV<KS, VS>;
   using F = detail::f16;
-  using KT = detail::QTraits<KS>;
-  using VT = detail::QTraits<VS>;
-  constexpr int kMaxG = kMmaHeads, LD = D + 8, BK = kMmaKeys, NS = kMmaQStages;
-  constexpr int KCR = code_bytes<KS, D>(), VCR = code_bytes<VS, D>();
+  using KQ = QSeg<KS, KG>;
+  using VQ = QSeg<VS, VG>;
+  constexpr int kMaxG = kMmaHeads, BK = kMmaKeys, NS = mma_q_stages<KS, VS, D, KG, VG, kBlocks>();
+  constexpr int KCR = code_bytes<KS, D>(), VCR = code_bytes<VS, D>(), VLD = VCR + 16;
   constexpr int KAR = aux_bytes<KS, D, KG>(), VAR = aux_bytes<VS, D, VG>();
-  constexpr int NGK = KT::kAffine ? D / KG : 1, NGV = VT::kAffine ? D / VG : 1;  // scale groups of a row
-  constexpr int KGD = D / NGK, VGD = D / NGV;                                     // values a group
+  constexpr int NKS = D / KQ::kDims, NVS = D / VQ::kDims;  // segments of a K / V row
+  constexpr int NKG = KQ::kAffine ? NKS : 1;              // K scales a row
+  constexpr int KSTEPS = KQ::kDims / 16;                  // mma k-steps a K segment
+  constexpr int KRB = KQ::kBytes / 4;                     // bytes of a lane's K run (a quarter segment)
+  constexpr int VT = VQ::kDims / 8;                       // V n blocks a segment = dims of a lane's V run
+  constexpr int VRB = VQ::kBytes / 8;                     // bytes of a lane's V run
   constexpr int kStage = mma_q_stage<KS, VS, D, KG, VG>();
+  // K chunk swizzle: the rows a wavefront's runs come from (2, 4 or 8 rows of
+  // 4 runs) land in distinct banks.
+  constexpr int kRowsPer128 = 128 / KCR, kWaveRows = 128 / (4 * KRB), kSwzUnit = 4 * KRB / 16;
+  static_assert(kWaveRows >= kRowsPer128 && (kWaveRows / kRowsPer128 - 1) * kSwzUnit < KCR / 16, "K swizzle");
   static_assert(KCR % 16 == 0 && VCR % 16 == 0 && (BK * KAR) % 16 == 0, "stage parts 16-byte aligned");
+  auto kphys = [](int r, int byte) {
+    const int swz = ((r / kRowsPer128) % (kWaveRows / kRowsPer128)) * kSwzUnit;
+    return r * KCR + ((((byte >> 4) ^ swz)) << 4) + (byte & 15);
+  };
   extern __shared__ __align__(16) float smem[];
   __shared__ uint32_t kparams_s[8], vparams_s[8];
   const DecodeHead hs = decode_head(smem, kMaxG, D);
@@ -1862,42 +2040,77 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel_q(AttnArgs<detail:
   uint8_t* kqa_s = kq_s + kMaxCodeRow;                               // ... and aux
   uint8_t* vq_s = kqa_s + kMaxAuxRow;                                // the new v row as stored
   uint8_t* vqa_s = vq_s + kMaxCodeRow;
-  F* qm = reinterpret_cast<F*>(vqa_s + kMaxAuxRow);                  // [16, LD]: q hi / lo rows
-  uint8_t* wbase = reinterpret_cast<uint8_t*>(qm + 2 * kMaxG * LD);  // per warp: NS stages, then an f16 tile
+  uint8_t* wbase = vqa_s + kMaxAuxRow;                               // per warp: NS stages
 
   DecodeBlock b;
-  if (!decode_begin<S, kMaxG, false>(a, hs, b)) return;
+  decode_begin<S, kMaxG, false>(a, hs, b);  // every block takes part: chunks are claimed below
   decode_prologue<S, kMaxG>(a, hs, b);
   detail::quantize_row_block<KS>(hs.k_s, D, a.k_group, kq_s, kqa_s, kparams_s);
   detail::quantize_row_block<VS>(hs.v_s, D, a.v_group, vq_s, vqa_s, vparams_s);
-  if (b.split == 0 && b.zg == 0 && b.p >= 0 && slot_of(a.rule, b.p) < a.rule.pool)
+  if (blockIdx.y == 0 && b.zg == 0 && b.p >= 0 && slot_of(a.rule, b.p) < a.rule.pool)
     copy_stored_row(a, b.h, slot_of(a.rule, b.p), kq_s, kqa_s, vq_s, vqa_s);
-  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads) {
-    const float x = hs.q_s[i];
-    const F hi = detail::from_f32<F>(x);
-    qm[(i / D) * LD + i % D] = hi;
-    qm[(kMaxG + i / D) * LD + i % D] = detail::from_f32<F>(x - detail::to_f32(hi));
-  }
-  for (int i = threadIdx.x; i < kMaxG * NGK; i += kThreads) {
-    const int g = i / NGK, k = i % NGK;
+  for (int i = threadIdx.x; i < kMaxG * NKG; i += kThreads) {
+    const int g = i / NKG, k = i % NKG;
     float sum = 0.f;
-    for (int e = 0; e < KGD; ++e) sum += hs.q_s[g * D + k * KGD + e];
+    for (int e = 0; e < D / NKG; ++e) sum += hs.q_s[g * D + k * (D / NKG) + e];
     qsum_s[i] = sum;
   }
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, c = lane % 4, lrow = lane % 8, lsel = lane / 8;
-  const uint32_t q_addr = smem_addr(qm + (lrow + (lsel & 1) * 8) * LD + (lsel >> 1) * 8);
-  const int k_off = (lrow + (lsel >> 1) * 8) * LD + (lsel & 1) * 8;
-  const int v_off = (lrow + (lsel & 1) * 8) * LD + (lsel >> 1) * 8;
+  const int g = lane / 4, c = lane % 4;
+  // q fragments of head g in the K map: rows g (q rounded to f16) and g + 8
+  // (what that lost); qoff: the codes' offset times q, per segment.
   uint32_t qf[D / 16][4];
+  float qoff[NKS];
 #pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk) ldmatrix_x4(qf[kk], q_addr + kk * 32);
-  float qsum[NGK];
+  for (int s = 0; s < NKS; ++s) {
+    qoff[s] = 0.f;
 #pragma unroll
-  for (int k = 0; k < NGK; ++k) qsum[k] = KT::kAffine ? qsum_s[g * NGK + k] : 0.f;
+    for (int j = 0; j < KSTEPS; ++j)
+#pragma unroll
+      for (int reg = 0; reg < 2; ++reg) {
+        F hi[2], lo[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float x = hs.q_s[g * D + s * KQ::kDims + c * (KQ::kDims / 4) + k_elem<KS>(j, reg, h)];
+          hi[h] = detail::from_f32<F>(x);
+          lo[h] = detail::from_f32<F>(x - detail::to_f32(hi[h]));
+          qoff[s] += KQ::kOffset * (detail::to_f32(hi[h]) + detail::to_f32(lo[h]));
+        }
+        memcpy(&qf[s * KSTEPS + j][2 * reg], hi, 4);
+        memcpy(&qf[s * KSTEPS + j][2 * reg + 1], lo, 4);
+      }
+    qoff[s] += __shfl_xor_sync(0xffffffffu, qoff[s], 1);
+    qoff[s] += __shfl_xor_sync(0xffffffffu, qoff[s], 2);
+  }
+  float qsum[NKG];
+#pragma unroll
+  for (int k = 0; k < NKG; ++k) qsum[k] = KQ::kAffine ? qsum_s[g * NKG + k] : 0.f;
 
+  // Chunks of keys, claimed one at a time from the head's counter (blocks on
+  // SMs that stream faster take more; a one-wave grid of fixed splits left
+  // 30% of the SM time idle in its tail). Each chunk's partial depends only
+  // on the chunk, and they merge in chunk order: deterministic.
+  const int n_chunks = split_range(a, b.p, 0, a.ws_splits).n_active;
+  unsigned* claim = a.counters + a.zgroups * a.Hkv + b.h * a.zgroups + b.zg;
+  __shared__ int chunk_s;
+  for (;;) {
+  __syncthreads();  // the last chunk's reads of chunk_s and of the stages are done
+  if (threadIdx.x == 0) {
+    const int ch = static_cast<int>(atomicAdd(claim, 1u));
+    chunk_s = ch;
+    if (ch == n_chunks + int(gridDim.y) - 1) *claim = 0;  // the step's last claim: ready for the next step
+  }
+  __syncthreads();
+  if (chunk_s >= n_chunks) break;
+  {
+    const SplitRange r = split_range(a, b.p, chunk_s, a.ws_splits);
+    b.split = chunk_s;
+    b.c0 = r.c0;
+    b.c1 = r.c1;
+    b.n_active = r.n_active;
+  }
   const size_t row0 = size_t(b.h) * a.rule.pool;
   const uint8_t* kc = reinterpret_cast<const uint8_t*>(a.k_pool) + row0 * KCR;
   const uint8_t* vc = reinterpret_cast<const uint8_t*>(a.v_pool) + row0 * VCR;
@@ -1906,51 +2119,83 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel_q(AttnArgs<detail:
   const int32_t p = b.p, c0 = b.c0, c1 = b.c1;
   const int n_sub = (c1 - c0 + BK - 1) / BK;
   const int mine = warp < n_sub ? (n_sub - 1 - warp) / kWarps + 1 : 0;
-  uint8_t* wst = wbase + warp * (NS * kStage + BK * LD * 2);
-  F* ft = reinterpret_cast<F*>(wst + NS * kStage);  // [BK, LD]: the K codes as f16, then the V codes
-  // Stage parts: K codes [BK, KCR], V codes [BK, VCR], K aux [BK, KAR], V aux [BK, VAR].
+  uint8_t* wst = wbase + warp * NS * kStage;
+  // Stage parts: K codes [BK, KCR] (swizzled), V codes [BK, VLD], K aux [BK, KAR], V aux [BK, VAR].
   auto load = [&](int i) {
     if (i < mine) {
       const int32_t j0 = c0 + (warp + i * kWarps) * BK;
       uint8_t* st = wst + (i % NS) * kStage;
-      auto rows16 = [&](uint8_t* dst, const uint8_t* src, int row_bytes) {
-        const int per = row_bytes / 16;
-        for (int idx = lane; idx < BK * per; idx += 32) {
-          const int r = idx / per, cc = idx % per;
-          const int32_t j = j0 + r;
-          const bool valid = j < c1 && j != p;
-          const size_t off = valid ? size_t(slot_of(a.rule, j)) * row_bytes + cc * 16 : 0;
-          cp_async16(smem_addr(dst + r * row_bytes + cc * 16), src + off, valid);
+      const int32_t s0 = slot_of(a.rule, j0);
+      if (j0 + BK <= c1 && (p < j0 || p >= j0 + BK) && s0 + BK <= a.rule.pool) {
+        // Warp-uniform, the usual case: BK whole rows in consecutive slots,
+        // so each part of the stage is one contiguous run of the pool.
+        const uint8_t* ks = kc + size_t(s0) * KCR;
+        const uint8_t* vs = vc + size_t(s0) * VCR;
+#pragma unroll
+        for (int k = 0; k < BK * KCR / 16 / 32; ++k) {
+          const int idx = lane + 32 * k;
+          cp_async16(smem_addr(st + kphys(idx / (KCR / 16), (idx % (KCR / 16)) * 16)), ks + idx * 16, true);
         }
+#pragma unroll
+        for (int k = 0; k < BK * VCR / 16 / 32; ++k) {
+          const int idx = lane + 32 * k;
+          cp_async16(smem_addr(st + BK * KCR + (idx / (VCR / 16)) * VLD + (idx % (VCR / 16)) * 16), vs + idx * 16,
+                     true);
+        }
+        const uint8_t* kas = ka + size_t(s0) * KAR;  // 4-byte aligned only (an odd slot)
+        const uint8_t* vas = va + size_t(s0) * VAR;
+        for (int idx = lane; idx < BK * KAR / 4; idx += 32)
+          cp_async4(smem_addr(st + BK * (KCR + VLD) + idx * 4), kas + idx * 4, true);
+        for (int idx = lane; idx < BK * VAR / 4; idx += 32)
+          cp_async4(smem_addr(st + BK * (KCR + VLD + KAR) + idx * 4), vas + idx * 4, true);
+        cp_async_commit();
+        return;
+      }
+      auto row_off = [&](int r, int row_bytes, bool& valid) {
+        const int32_t j = j0 + r;
+        valid = j < c1 && j != p;
+        return valid ? size_t(slot_of(a.rule, j)) * row_bytes : 0;
       };
+      static_assert((BK * KCR / 16) % 32 == 0 && (BK * VCR / 16) % 32 == 0, "whole rounds of 16-byte copies");
+#pragma unroll
+      for (int k = 0; k < BK * KCR / 16 / 32; ++k) {
+        const int idx = lane + 32 * k, r = idx / (KCR / 16), cc = idx % (KCR / 16);
+        bool valid;
+        const size_t off = row_off(r, KCR, valid);
+        cp_async16(smem_addr(st + kphys(r, cc * 16)), kc + off + (valid ? cc * 16 : 0), valid);
+      }
+#pragma unroll
+      for (int k = 0; k < BK * VCR / 16 / 32; ++k) {
+        const int idx = lane + 32 * k, r = idx / (VCR / 16), cc = idx % (VCR / 16);
+        bool valid;
+        const size_t off = row_off(r, VCR, valid);
+        cp_async16(smem_addr(st + BK * KCR + r * VLD + cc * 16), vc + off + (valid ? cc * 16 : 0), valid);
+      }
       auto rows4 = [&](uint8_t* dst, const uint8_t* src, int row_bytes) {
         const int per = row_bytes / 4;
         for (int idx = lane; idx < BK * per; idx += 32) {
           const int r = idx / per, cc = idx % per;
-          const int32_t j = j0 + r;
-          const bool valid = j < c1 && j != p;
-          const size_t off = valid ? size_t(slot_of(a.rule, j)) * row_bytes + cc * 4 : 0;
-          cp_async4(smem_addr(dst + r * row_bytes + cc * 4), src + off, valid);
+          bool valid;
+          const size_t off = row_off(r, row_bytes, valid);
+          cp_async4(smem_addr(dst + r * row_bytes + cc * 4), src + off + (valid ? cc * 4 : 0), valid);
         }
       };
-      rows16(st, kc, KCR);
-      rows16(st + BK * KCR, vc, VCR);
-      rows4(st + BK * (KCR + VCR), ka, KAR);
-      rows4(st + BK * (KCR + VCR + KAR), va, VAR);
+      rows4(st + BK * (KCR + VLD), ka, KAR);
+      rows4(st + BK * (KCR + VLD + KAR), va, VAR);
     }
     cp_async_commit();
   };
 #pragma unroll
   for (int i = 0; i < NS - 1; ++i) load(i);
 
-  float o[D / 8][4];
+  float o[D / 8][4];  // n block n: [0..1] head g (hi rows), [2..3] head g (lo rows), columns 2 c, 2 c + 1
 #pragma unroll
   for (int n = 0; n < D / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) o[n][e] = 0.f;
-  float ob[NGV];  // sum of p * V bias, per V group (affine V)
+  float ob[NVS];  // sum of p * V bias, per V segment (affine V)
 #pragma unroll
-  for (int k = 0; k < NGV; ++k) ob[k] = 0.f;
+  for (int k = 0; k < NVS; ++k) ob[k] = 0.f;
   float m_run = -INFINITY, l_run = 0.f;
 
   for (int i = 0; i < mine; ++i) {
@@ -1958,68 +2203,62 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel_q(AttnArgs<detail:
     cp_async_wait<NS - 1>();
     __syncwarp();
     uint8_t* st = wst + (i % NS) * kStage;
-    const uint8_t* kcs = st;
-    const uint8_t* vcs = st + BK * KCR;
-    const uint32_t* kas = reinterpret_cast<const uint32_t*>(st + BK * (KCR + VCR));
-    const uint32_t* vas = reinterpret_cast<const uint32_t*>(st + BK * (KCR + VCR + KAR));
+    uint8_t* vst = st + BK * KCR;
+    const uint8_t* kas = st + BK * (KCR + VLD);
+    const uint8_t* vas = kas + BK * KAR;
     const int32_t j0 = c0 + (warp + i * kWarps) * BK;
     if (j0 <= p && p < j0 + BK) {  // warp-uniform: the new row as stored
       const int r = p - j0;
-      for (int x = lane; x < KCR; x += 32) st[r * KCR + x] = kq_s[x];
-      for (int x = lane; x < VCR; x += 32) st[BK * KCR + r * VCR + x] = vq_s[x];
-      for (int x = lane; x < KAR; x += 32) st[BK * (KCR + VCR) + r * KAR + x] = kqa_s[x];
-      for (int x = lane; x < VAR; x += 32) st[BK * (KCR + VCR + KAR) + r * VAR + x] = vqa_s[x];
+      for (int x = lane; x < KCR; x += 32) st[kphys(r, x)] = kq_s[x];
+      for (int x = lane; x < VCR; x += 32) vst[r * VLD + x] = vq_s[x];
+      for (int x = lane; x < KAR; x += 32) st[BK * (KCR + VLD) + r * KAR + x] = kqa_s[x];
+      for (int x = lane; x < VAR; x += 32) st[BK * (KCR + VLD + KAR) + r * VAR + x] = vqa_s[x];
       __syncwarp();
     }
-    // Codes -> f16 (16 stored bytes a step: 16 or 32 values), K first.
-    auto to_tile = [&](auto tag, const uint8_t* codes, int row_bytes) {
-      using Q = decltype(tag);
-      constexpr int PC = std::is_same_v<Q, detail::q4> ? 32 : 16;
-      for (int idx = lane; idx < BK * row_bytes / 16; idx += 32) {
-        const int r = idx / (row_bytes / 16), cc = idx % (row_bytes / 16);
-        uint32_t w[PC / 2];
-        codes_to_f16<Q>(*reinterpret_cast<const uint4*>(codes + r * row_bytes + cc * 16), w);
-#pragma unroll
-        for (int q = 0; q < PC / 8; ++q)
-          *reinterpret_cast<uint4*>(ft + r * LD + cc * PC + q * 8) =
-              make_uint4(w[4 * q], w[4 * q + 1], w[4 * q + 2], w[4 * q + 3]);
-      }
-      __syncwarp();
-    };
-    to_tile(KS{}, kcs, KCR);
-    const uint32_t kaddr = smem_addr(ft + k_off), vaddr = smem_addr(ft + v_off);
     // S per K group: [k][n][0..1] hi rows, [2..3] lo rows, keys 8 n + 2 c, + 1.
-    float s[NGK][2][4];
+    float s[NKG][2][4];
 #pragma unroll
-    for (int k = 0; k < NGK; ++k)
+    for (int k = 0; k < NKG; ++k)
 #pragma unroll
       for (int n = 0; n < 2; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) s[k][n][e] = 0.f;
+    {
+      uint32_t w[NKS][2][KRB / 4];  // the lane's runs: all loads first
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      constexpr int kPerGroup = KGD / 16;
-      uint32_t bf[4];
-      ldmatrix_x4(bf, kaddr + kk * 32);
-      Mma<F>::mma(s[kk / kPerGroup][0], qf[kk], bf[0], bf[1]);
-      Mma<F>::mma(s[kk / kPerGroup][1], qf[kk], bf[2], bf[3]);
+      for (int sg = 0; sg < NKS; ++sg)
+#pragma unroll
+        for (int n = 0; n < 2; ++n) lds_run<KRB>(st + kphys(n * 8 + g, sg * KQ::kBytes + c * KRB), w[sg][n]);
+      // k-step outermost: consecutive mmas go to independent accumulators
+      // (the asm is volatile, so the source order is the issue order).
+#pragma unroll
+      for (int j = 0; j < KSTEPS; ++j)
+#pragma unroll
+        for (int sg = 0; sg < NKS; ++sg)
+#pragma unroll
+          for (int n = 0; n < 2; ++n) {
+            uint32_t b0, b1;
+            k_frag<KS>(w[sg][n], j, b0, b1);
+            Mma<F>::mma(s[KQ::kAffine ? sg : 0][n], qf[sg * KSTEPS + j], b0, b1);
+          }
     }
-    float x[4];
+    float x[4];  // keys 2 c, 2 c + 1, 8 + 2 c, 9 + 2 c
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int r = n * 8 + 2 * c + e;
+        uint32_t par[NKG];
+        lds_run<4 * NKG>(kas + r * KAR, par);
         float v = 0.f;
 #pragma unroll
-        for (int k = 0; k < NGK; ++k) {
-          const uint32_t par = kas[r * (KAR / 4) + (KT::kAffine ? k : 0)];
+        for (int k = 0; k < NKG; ++k) {
           const float part = s[k][n][e] + s[k][n][e + 2];
-          if constexpr (KT::kAffine) {
-            v = fmaf(detail::half_lo(par), part, v);
-            v = fmaf(detail::half_hi(par), qsum[k], v);
+          if constexpr (KQ::kAffine) {
+            v = fmaf(detail::half_lo(par[k]), part - qoff[k], v);
+            v = fmaf(detail::half_hi(par[k]), qsum[k], v);
           } else {
-            v = __uint_as_float(par) * part;
+            v = __uint_as_float(par[0]) * part;
           }
         }
         v *= a.scale;
@@ -2028,39 +2267,92 @@ __global__ void __launch_bounds__(kThreads) decode_mma_kernel_q(AttnArgs<detail:
       }
     float pr[4];
     const float corr = mma_softmax_step(x, m_run, l_run, pr);
-    __syncwarp();  // every lane's K fragments are read: the tile takes the V codes
-    to_tile(VS{}, vcs, VCR);
-    // P V per V group: A = p * scale (hi + lo); p * bias on the side.
+    if (__any_sync(0xffffffffu, corr != 1.f)) {  // the running max moved for some head
 #pragma unroll
-    for (int k = 0; k < NGV; ++k) {
-      float ps[4], pb = 0.f;
+      for (int n = 0; n < D / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = (e / 2) * 8 + 2 * c + (e & 1);
-        const uint32_t par = vas[r * (VAR / 4) + (VT::kAffine ? k : 0)];
-        if constexpr (VT::kAffine) {
-          ps[e] = pr[e] * detail::half_lo(par);
-          pb = fmaf(pr[e], detail::half_hi(par), pb);
-        } else {
-          ps[e] = pr[e] * __uint_as_float(par);
+        for (int e = 0; e < 4; ++e) o[n][e] *= corr;
+    }
+    // P V per V segment: A = p * scale (hi + lo); p * bias on the side.
+    uint32_t vpar[4][VAR / 4];  // keys 2 c, 2 c + 1, 8 + 2 c, 9 + 2 c
+#pragma unroll
+    for (int e = 0; e < 4; ++e) lds_run<VAR>(vas + ((e / 2) * 8 + 2 * c + (e & 1)) * VAR, vpar[e]);
+    uint32_t pf[4];
+#pragma unroll
+    for (int sg = 0; sg < NVS; ++sg) {
+      if (VQ::kAffine || sg == 0) {
+        float ps[4], pb = 0.f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if constexpr (VQ::kAffine) {
+            ps[e] = pr[e] * detail::half_lo(vpar[e][sg]);
+            pb = fmaf(pr[e], detail::half_hi(vpar[e][sg]), pb);
+          } else {
+            ps[e] = pr[e] * __uint_as_float(vpar[e][0]);
+          }
         }
+        ob[sg] = fmaf(ob[sg], corr, pb);
+        split_pair<F>(ps[0], ps[1], pf[0], pf[1]);
+        split_pair<F>(ps[2], ps[3], pf[2], pf[3]);
       }
-      ob[k] = fmaf(ob[k], corr, pb);
-      uint32_t pf[4];
-      split_pair<F>(ps[0], ps[1], pf[0], pf[1]);
-      split_pair<F>(ps[2], ps[3], pf[2], pf[3]);
-      mma_pv<F, D>(o, pf, corr, vaddr, k * (VGD / 16), (k + 1) * (VGD / 16));
+      uint32_t run[4][VRB >= 4 ? VRB / 4 : 1];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        lds_run<VRB>(vst + ((e / 2) * 8 + 2 * c + (e & 1)) * VLD + sg * VQ::kBytes + g * VRB, run[e]);
+      uint32_t lo[VT], hi[VT];
+      v_pairs<VS, VT>(run[0], run[1], lo);
+      v_pairs<VS, VT>(run[2], run[3], hi);
+#pragma unroll
+      for (int t = 0; t < VT; ++t) Mma<F>::mma(o[sg * VT + t], pf, lo[t], hi[t]);
     }
     __syncwarp();
   }
   cp_async_wait<0>();
 #pragma unroll
-  for (int k = 0; k < NGV; ++k) {
+  for (int k = 0; k < NVS; ++k) {
     ob[k] += __shfl_xor_sync(0xffffffffu, ob[k], 1);
     ob[k] += __shfl_xor_sync(0xffffffffu, ob[k], 2);
   }
-  mma_block_finish<S, D, kMaxG>(a, b, reinterpret_cast<float*>(wbase), o, m_run, l_run,
-                                [&](int n) { return ob[(n * 8) / VGD]; });
+  mma_block_finish<S, D, kMaxG>(
+      a, b, reinterpret_cast<float*>(wbase), o, m_run, l_run,
+      [&](int n) { return VQ::kAffine ? ob[n / VT] : 0.f; },
+      [&](int n, int e) { return (n / VT) * VQ::kDims + (2 * c + e) * VT + n % VT; }, false);
+  if (n_chunks > 1) {
+    // Two-level merge: the block that completes a group of chunk_group
+    // chunks merges them into the group's first slot; the block that
+    // completes the last group merges the groups into the output. Most of
+    // the merging overlaps other blocks' chunks, and the tail merges at most
+    // 32 partials (one level over 128+ chunks took ~15 us alone).
+    const int G = a.chunk_group, grp = b.split / G, g0 = grp * G, gn = min(G, n_chunks - g0);
+    const int n_groups = (n_chunks + G - 1) / G;
+    const int pair = b.h * a.zgroups + b.zg;
+    unsigned* group_ctr = a.counters + 2 * a.zgroups * a.Hkv + pair * a.group_slots + grp;
+    unsigned* all_ctr = a.counters + pair;
+    __shared__ int last_s;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_s = atomicAdd(group_ctr, 1u) == unsigned(gn - 1);
+    __syncthreads();
+    if (last_s) {
+      __threadfence();
+      float* out = n_groups == 1 ? b.out_t + size_t(b.hq0) * D : nullptr;
+      merge_slots<kMaxG>(D, a.ws_splits, a.part_o, a.part_ml, b.part_t + b.hq0, b.Gz, g0, gn, 1, out);
+      if (threadIdx.x == 0) *group_ctr = 0;
+      if (n_groups > 1) {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) last_s = atomicAdd(all_ctr, 1u) == unsigned(n_groups - 1);
+        __syncthreads();
+        if (last_s) {
+          __threadfence();
+          merge_slots<kMaxG>(D, a.ws_splits, a.part_o, a.part_ml, b.part_t + b.hq0, b.Gz, 0, n_groups, G,
+                             b.out_t + size_t(b.hq0) * D);
+          if (threadIdx.x == 0) *all_ctr = 0;
+        }
+      }
+    }
+  }
+  }
 }
 
 int group_bucket(int G) { return G >= 5 ? 8 : G >= 3 ? 4 : G; }
@@ -2232,20 +2524,22 @@ int decode_min_chunk(const AttentionWorkspace& ws, int head_dim, bool mma) {
   return std::max(mma ? kWarps * kMmaKeys : 16, 8192 / head_dim);
 }
 
-// Whether a decode step over a 16-bit pool takes decode_mma_kernel: under
-// attn=mma, and by default (attn=auto) over spans of more than 2K keys at
-// head dim 128, the one shape where it wins (H200: llama3.1-8b 7.62 -> 5.75
-// ms/token at 32K keys, 16.8 -> 9.3 at 128K). At head dim 64 it loses to
-// the fast kernel (llama3.2-1b at 8K: 1.56 vs 1.13 ms; under ncu its blocks
-// finish in ~9 us but the kernel lasts 46 us, SMs active 19% of it: not
-// understood yet), at 256 to the staged one (gemma3-1b at 32K: 1.52 vs
-// 1.39). Figures: bench/results/h200-2026-12-04-session11.md.
+// Whether a decode step takes decode_mma_kernel (16-bit pools) or
+// decode_mma_kernel_q (quantized; head dims 64 and 128): under attn=mma, and
+// by default (attn=auto) over spans of more than 2K keys at head dims 64 and
+// 128 (H200: llama3.1-8b 7.62 -> 5.75 ms/token at 32K keys, 16.8 -> 9.3 at
+// 128K). Head dim 64 lost to the fast kernel until the split merge kept its
+// loads in flight (merge_splits: the merge of 49 splits by one block was
+// most of the kernel); now H100, llama3.2-1b: 1.283 vs 1.310 ms at 8K keys,
+// 1.571 vs 1.846 at 32K. At 256 the staged kernel still wins (gemma3-1b at
+// 32K: 1.447 vs 1.628 on the H100). Figures:
+// bench/results/h100-2026-12-06-kv-quant.md.
 bool decode_on_mma(const AttentionWorkspace& ws, const AttentionParams& p) {
   using A = Tuning::DecodeAttn;
   if (!flash_head_dim(p.head_dim)) return false;
   const A mode = ws.tuning().decode_attn;
   const int32_t span = p.rule.window > 0 ? p.rule.window : p.rule.pool;
-  return mode == A::mma || (mode == A::automatic && span > 2048 && p.head_dim == 128);
+  return mode == A::mma || (mode == A::automatic && span > 2048 && (p.head_dim == 64 || p.head_dim == 128));
 }
 
 // Query heads per decode block. Measured on the H200 (notes in
@@ -2388,47 +2682,86 @@ void launch_attend_q(AttnArgs<detail::QKV<KS, VS>> a, int splits, Launch stream)
   launch(attend_kernel_q<KS, VS, kMaxG>, dim3(static_cast<unsigned>(nx), splits), dim3(kThreads), smem, stream, a);
 }
 
-template <typename KS, typename VS, int D, int KG, int VG>
-void launch_decode_mma_q_as(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, Launch stream) {
-  constexpr size_t smem = decode_mma_q_smem<KS, VS, D, KG, VG>();
+template <typename KS, typename VS, int D, int KG, int VG, int kBlocks>
+void launch_decode_mma_q_blocks(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, const AttentionWorkspace& ws,
+                            Launch stream) {
+  constexpr size_t smem = decode_mma_q_smem<KS, VS, D, KG, VG, kBlocks>();
   static const bool opted_in = [] {
-    allow_smem(decode_mma_kernel_q<KS, VS, D, KG, VG>, smem);
+    allow_smem(decode_mma_kernel_q<KS, VS, D, KG, VG, kBlocks>, smem);
     return true;
   }();
   (void)opted_in;
   int per_sm = 0;
   KVGRAPH_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_mma_kernel_q<KS, VS, D, KG, VG>, kThreads, smem));
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_mma_kernel_q<KS, VS, D, KG, VG, kBlocks>, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
   const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
-  launch(decode_mma_kernel_q<KS, VS, D, KG, VG>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem,
+  // Chunks, claimed by the blocks as they go: at least one a block, ~512
+  // keys each over long spans, at most what the one-token scratch holds and
+  // the two-level merge takes (groups of <= 32 chunks, <= 32 groups).
+  // Counters: [pairs) groups merged, [pairs, 2 pairs) claims, then
+  // group_slots a pair.
+  const int32_t span = a.rule.window > 0 ? a.rule.window : a.rule.pool;
+  const int slots = std::min(32, ws.counter_count() / pairs - 2);
+  if (slots < 1) fail_op("attention", "workspace has too few counters");
+  const size_t cap = std::min({size_t(32) * slots, ws.partial_out_floats() / (size_t(a.Hq) * a.D),
+                               size_t(kMaxDecodeQueries) * ws.max_q_heads() * ws.scratch_splits() / a.Hq});
+  // ~1024 keys a chunk: at 512 the per-chunk work (the block's merge of its
+  // warps, the partial's store, fences and counters) took ~30% of the warps'
+  // time; at 2048 the tail grows (H100, llama3.1-8b at 128K keys).
+  constexpr size_t kChunkKeys = 1024;
+  const int nc = static_cast<int>(
+      std::clamp<size_t>(std::max<size_t>(splits, (size_t(span) + kChunkKeys - 1) / kChunkKeys), 1, cap));
+  a.ws_splits = nc;
+  a.group_slots = slots;
+  a.chunk_group = std::min(32, std::max((nc + slots - 1) / slots, static_cast<int>(std::lround(std::sqrt(double(nc))))));
+  launch(decode_mma_kernel_q<KS, VS, D, KG, VG, kBlocks>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem,
          stream, a);
+}
+
+// Blocks an SM (registers and stages are sized for it): three for 8-bit
+// pools (more warps hide more of each warp's latency: llama3.1-8b int8 KV at
+// 128K, 9.69 vs 10.25 ms/token on the H100), two for int4 K and V (its
+// stages are small, so two blocks still hold six; 9.13 vs 9.27).
+template <typename KS, typename VS, int D, int KG, int VG>
+void launch_decode_mma_q_as(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, const AttentionWorkspace& ws,
+                            Launch stream) {
+  constexpr int kBlocks = std::is_same_v<KS, detail::q4> && std::is_same_v<VS, detail::q4> ? 2 : 3;
+  launch_decode_mma_q_blocks<KS, VS, D, KG, VG, kBlocks>(a, max_splits, ws, stream);
 }
 
 // Head dim 128: groups of 32 or 64 (fp8: its row scale), K and V of one
 // format in one group size, or K int8 with V int4 in any. False: another
 // shape, which decode_kernel_q takes.
 template <typename KS, typename VS>
-bool launch_decode_mma_q(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, Launch stream) {
+bool launch_decode_mma_q(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, const AttentionWorkspace& ws,
+                         Launch stream) {
   constexpr bool ka = detail::QTraits<KS>::kAffine, va = detail::QTraits<VS>::kAffine;
-  if (a.D != 128 || (ka && a.k_group != 32 && a.k_group != 64) || (va && a.v_group != 32 && a.v_group != 64))
+  if ((a.D != 64 && a.D != 128) || (ka && a.k_group != 32 && a.k_group != 64) ||
+      (va && a.v_group != 32 && a.v_group != 64))
     return false;
-  if constexpr (!ka || !va) {
-    static_assert(!ka && !va, "fp8 pairs with fp8 only");
-    launch_decode_mma_q_as<KS, VS, 128, 128, 128>(a, max_splits, stream);
-  } else if constexpr (std::is_same_v<KS, VS>) {
+  if constexpr (std::is_same_v<KS, VS> && ka)
     if (a.k_group != a.v_group) return false;
-    if (a.k_group == 64) launch_decode_mma_q_as<KS, VS, 128, 64, 64>(a, max_splits, stream);
-    else launch_decode_mma_q_as<KS, VS, 128, 32, 32>(a, max_splits, stream);
-  } else {
-    auto with_v = [&](auto kgc) {
-      constexpr int KG = decltype(kgc)::value;
-      if (a.v_group == 64) launch_decode_mma_q_as<KS, VS, 128, KG, 64>(a, max_splits, stream);
-      else launch_decode_mma_q_as<KS, VS, 128, KG, 32>(a, max_splits, stream);
-    };
-    if (a.k_group == 64) with_v(std::integral_constant<int, 64>{});
-    else with_v(std::integral_constant<int, 32>{});
-  }
+  auto with_d = [&](auto dc) {
+    constexpr int D = decltype(dc)::value;
+    if constexpr (!ka || !va) {
+      static_assert(!ka && !va, "fp8 pairs with fp8 only");
+      launch_decode_mma_q_as<KS, VS, D, 128, 128>(a, max_splits, ws, stream);
+    } else if constexpr (std::is_same_v<KS, VS>) {
+      if (a.k_group == 64) launch_decode_mma_q_as<KS, VS, D, 64, 64>(a, max_splits, ws, stream);
+      else launch_decode_mma_q_as<KS, VS, D, 32, 32>(a, max_splits, ws, stream);
+    } else {
+      auto with_v = [&](auto kgc) {
+        constexpr int KG = decltype(kgc)::value;
+        if (a.v_group == 64) launch_decode_mma_q_as<KS, VS, D, KG, 64>(a, max_splits, ws, stream);
+        else launch_decode_mma_q_as<KS, VS, D, KG, 32>(a, max_splits, ws, stream);
+      };
+      if (a.k_group == 64) with_v(std::integral_constant<int, 64>{});
+      else with_v(std::integral_constant<int, 32>{});
+    }
+  };
+  if (a.D == 64) with_d(std::integral_constant<int, 64>{});
+  else with_d(std::integral_constant<int, 128>{});
   return true;
 }
 
@@ -2470,7 +2803,7 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
     const bool decode = !legacy && (is_quant<S> ? p.T == 1 : p.T <= kMaxDecodeQueries);
     bool mma = false;  // decode_mma_kernel(_q): groups of kMmaHeads query heads
     if constexpr (is_16bit<S>) mma = decode && decode_on_mma(ws, p);
-    if constexpr (is_quant<S>) mma = decode && p.head_dim == 128 && decode_on_mma(ws, p);
+    if constexpr (is_quant<S>) mma = decode && (p.head_dim == 64 || p.head_dim == 128) && decode_on_mma(ws, p);
     const int bucket = mma ? kMmaHeads : group_bucket(std::min(G, decode ? decode_heads(ws, p.rule) : 8));
     AttnArgs<S> a = make_args<S>(p);
     a.zgroups = (G + bucket - 1) / bucket;
@@ -2516,7 +2849,7 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
       }
     }
     if constexpr (is_quant<S>) {
-      if (mma && launch_decode_mma_q(a, splits, stream)) return;
+      if (mma && launch_decode_mma_q(a, splits, ws, stream)) return;
     }
     if (decode) {
       switch (bucket) {
