@@ -279,7 +279,10 @@ class AttentionWorkspace {
 //   T == 1: one kernel; split-KV flash-decoding over a grid of
 //           (n_kv_heads x query-head groups, ws.max_splits()); each block reads
 //           one KV head once for its whole GQA group; the last block of a head
-//           merges the partials (log-sum-exp). Capturable.
+//           merges the partials (log-sum-exp). Over quantized pools at head dim
+//           64/128 on the tensor cores, blocks instead claim ~1024-key chunks
+//           from a counter and the chunks' partials merge in two levels (the
+//           counter array holds merge, claim and group counters). Capturable.
 //   T <= kMaxDecodeQueries: a write kernel, then that grid once per query
 //           (each query's output bitwise a one-token step's). Capturable.
 //   T > kMaxDecodeQueries: a write kernel, then one block per (query, kv head, group);
