@@ -1847,8 +1847,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
 // decode_mma_kernel scheme; head dims 64 and 128, one-token steps; K and V
 // of the formats decode_kernel_q takes). Blocks claim chunks of ~1024 keys
 // from their head's counter until none is left, and the chunks' partials
-// merge in two levels (see the end of the kernel). Each warp's stages hold the sub-tile's
-// codes and scales as stored (cp.async), and the mma operands are built from
+// merge in two levels (see the end of the kernel). Each warp's stages hold
+// the sub-tile's codes and scales as stored (cp.async), and the mma operands are built from
 // them in registers: no f16 copy of a tile, no ldmatrix. The scores and the
 // output are sums over head dims and keys, so the kernel is free to choose
 // which dims and keys sit in which fragment slot, and chooses the ones that
@@ -1964,7 +1964,8 @@ __device__ __forceinline__ void v_pairs(const uint32_t* A, const uint32_t* B, ui
     static_assert(VT % 4 == 0, "8-bit runs of whole words");
 #pragma unroll
     for (int w = 0; w < VT / 4; ++w) {
-      const uint32_t x = __byte_perm(A[w], B[w], 0x5140), y = __byte_perm(A[w], B[w], 0x7362);  // A0 B0 A1 B1, A2 B2 A3 B3
+      const uint32_t x = __byte_perm(A[w], B[w], 0x5140);  // A0 B0 A1 B1
+      const uint32_t y = __byte_perm(A[w], B[w], 0x7362);  // A2 B2 A3 B3
       if constexpr (std::is_same_v<Q, detail::q8>) {
         out[4 * w] = f16x2_sub(__byte_perm(x, 0x64646464u, 0x5140), 0x64006400u);
         out[4 * w + 1] = f16x2_sub(__byte_perm(x, 0x64646464u, 0x5342), 0x64006400u);
@@ -2684,7 +2685,7 @@ void launch_attend_q(AttnArgs<detail::QKV<KS, VS>> a, int splits, Launch stream)
 
 template <typename KS, typename VS, int D, int KG, int VG, int kBlocks>
 void launch_decode_mma_q_blocks(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, const AttentionWorkspace& ws,
-                            Launch stream) {
+                                Launch stream) {
   constexpr size_t smem = decode_mma_q_smem<KS, VS, D, KG, VG, kBlocks>();
   static const bool opted_in = [] {
     allow_smem(decode_mma_kernel_q<KS, VS, D, KG, VG, kBlocks>, smem);
@@ -2692,11 +2693,11 @@ void launch_decode_mma_q_blocks(AttnArgs<detail::QKV<KS, VS>> a, int max_splits,
   }();
   (void)opted_in;
   int per_sm = 0;
-  KVGRAPH_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_mma_kernel_q<KS, VS, D, KG, VG, kBlocks>, kThreads, smem));
+  KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, decode_mma_kernel_q<KS, VS, D, KG, VG, kBlocks>, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
   const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
-  // Chunks, claimed by the blocks as they go: at least one a block, ~512
+  // Chunks, claimed by the blocks as they go: at least one a block, ~1024
   // keys each over long spans, at most what the one-token scratch holds and
   // the two-level merge takes (groups of <= 32 chunks, <= 32 groups).
   // Counters: [pairs) groups merged, [pairs, 2 pairs) claims, then
@@ -2714,9 +2715,10 @@ void launch_decode_mma_q_blocks(AttnArgs<detail::QKV<KS, VS>> a, int max_splits,
       std::clamp<size_t>(std::max<size_t>(splits, (size_t(span) + kChunkKeys - 1) / kChunkKeys), 1, cap));
   a.ws_splits = nc;
   a.group_slots = slots;
-  a.chunk_group = std::min(32, std::max((nc + slots - 1) / slots, static_cast<int>(std::lround(std::sqrt(double(nc))))));
-  launch(decode_mma_kernel_q<KS, VS, D, KG, VG, kBlocks>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem,
-         stream, a);
+  a.chunk_group =
+      std::min(32, std::max((nc + slots - 1) / slots, static_cast<int>(std::lround(std::sqrt(double(nc))))));
+  launch(decode_mma_kernel_q<KS, VS, D, KG, VG, kBlocks>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads),
+         smem, stream, a);
 }
 
 // Blocks an SM (registers and stages are sized for it): three for 8-bit
@@ -2730,8 +2732,8 @@ void launch_decode_mma_q_as(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, con
   launch_decode_mma_q_blocks<KS, VS, D, KG, VG, kBlocks>(a, max_splits, ws, stream);
 }
 
-// Head dim 128: groups of 32 or 64 (fp8: its row scale), K and V of one
-// format in one group size, or K int8 with V int4 in any. False: another
+// Head dims 64 and 128: groups of 32 or 64 (fp8: its row scale), K and V of
+// one format in one group size, or K int8 with V int4 in any. False: another
 // shape, which decode_kernel_q takes.
 template <typename KS, typename VS>
 bool launch_decode_mma_q(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, const AttentionWorkspace& ws,
