@@ -55,6 +55,32 @@ TEST(CudaKvQuant, GraphReplayIsBitwiseEqualToEagerForEveryFormat) {
   }
 }
 
+// The decode kernel over quantized pools merges its splits in a cluster's
+// shared memory or through global memory with the same bits: a whole model
+// (flat and ring layers), 16-key splits so a step has up to 15 of them.
+TEST(CudaKvQuant, ClusterAndGlobalSplitMergesGiveTheSameLogits) {
+  if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
+  const Reference ref = load_reference("gemma3");
+  auto gpu = Model::load(fixtures_dir() / "gemma3", Device::CUDA);
+  for (const KvStorage& st : {KvStorage{kI8}, KvStorage{kI4}, KvStorage{kFp8, kI4}}) {
+    std::vector<float> logits[2];
+    for (int global = 0; global < 2; ++global) {
+      SessionOptions so{.capacity = 240, .max_write = 4, .kv_storage = st};
+      so.tuning = Tuning::parse(global ? "attn-chunk=16,attn-merge=global" : "attn-chunk=16");
+      Session s(gpu, so);
+      s.prefill(ref.greedy_prompt);
+      s.sample();
+      for (int i = 0; i < 150; ++i) {
+        s.decode();
+        const auto l = s.last_logits();
+        logits[global].insert(logits[global].end(), l.begin(), l.end());
+      }
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    EXPECT_EQ(0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * 4)) << kv_storage_name(st);
+  }
+}
+
 // Every prefill chunk (T = 4) and decode step (T = 1) of the same ids on
 // both backends: the logits agree to within what one flipped code can do
 // (the prologue's last bit differs between sincosf and std::sin).

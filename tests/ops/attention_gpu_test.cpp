@@ -49,6 +49,9 @@ struct Case {
   // Decode steps (T <= kMaxDecodeQueries): the fast kernel, the staged one or
   // the tensor-core one (DecodeAttn::mma; 16-bit pools at head dim 64/128/256).
   Tuning::DecodeAttn decode = Tuning::DecodeAttn::fast;
+  // How the decode kernels merge their splits (cluster: in distributed shared
+  // memory when a step has 2..16 splits; global: always through global memory).
+  Tuning::AttnMerge merge = Tuning::AttnMerge::cluster;
 };
 
 const char* decode_name(Tuning::DecodeAttn d) {
@@ -138,6 +141,7 @@ class Runner {
     Tuning t;
     t.prefill_attn = c.prefill;
     t.decode_attn = c.decode;
+    t.attn_merge = c.merge;
     ws_.tune(t);
     KVGRAPH_CUDA_CHECK(cudaMemset(k_pool_.data(), 0xff, k_pool_.bytes()));  // NaN everywhere
     KVGRAPH_CUDA_CHECK(cudaMemset(v_pool_.data(), 0xff, v_pool_.bytes()));
@@ -752,6 +756,49 @@ TEST(CudaAttention, SeveralQueryStepsAreOneTokenStepsBitwise) {
           }
         }
       }
+}
+
+// The two split merges of the decode kernels (a cluster's blocks through
+// distributed shared memory, or the last block through global memory) sum
+// the same partials in the same order: the same bits, step by step, while
+// the number of active splits grows from 1 to 16 (flat pools) or stays put
+// (a ring that wrapped), for one-token and several-query steps, over f32 and
+// 16-bit pools, head dims 64-256, the fast and the staged kernel. Both match
+// the reference too.
+TEST(CudaAttention, ClusterAndGlobalSplitMergesGiveTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  for (DType storage : {DType::F32, DType::BF16})
+    for (int D : {64, 128, 256})
+      for (int window : {0, 24})
+        for (auto mode : {Tuning::DecodeAttn::fast, Tuning::DecodeAttn::staged}) {
+          if (mode == Tuning::DecodeAttn::staged && storage == DType::F32) continue;  // 16-bit pools only
+          Case c = window ? ring(D, 12, 4, storage, window, 4) : Case{};
+          c.D = D;
+          c.Hq = 12;
+          c.Hkv = 4;
+          c.storage = storage;
+          c.capacity = 80;
+          c.max_splits = 16;
+          c.min_chunk = 4;
+          c.decode = mode;
+          Case g = c;
+          g.merge = Tuning::AttnMerge::global;
+          Runner rc(c), rg(g);
+          uint32_t seed = 11;
+          auto same_step = [&](int T) {
+            const double ec = rc.step(T, seed), eg = rg.step(T, seed);
+            ++seed;
+            EXPECT_LT(ec, kTol) << describe(c);
+            EXPECT_LT(eg, kTol) << describe(g);
+            const auto& a = rc.last_output();
+            const auto& b = rg.last_output();
+            ASSERT_EQ(a.size(), b.size());
+            ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
+                << describe(c) << " at length " << rc.length() << ", step of " << T;
+          };
+          same_step(1);
+          for (int i = 0; i < 66; ++i) same_step(i % 11 == 5 ? 3 : 1);
+        }
 }
 
 TEST(CudaAttention, ResultsAreBitwiseReproducibleWithAndWithoutPdl) {

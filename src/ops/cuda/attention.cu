@@ -14,9 +14,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <string>
+#include <tuple>
 #include <type_traits>
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include "ops/cuda/async_copy.cuh"
@@ -71,6 +75,7 @@ struct AttnArgs {
   int chunk_group;     // decode_mma_kernel_q: chunks a merge group holds
   int group_slots;     // ... and group counters a (kv head, head group)
   bool fused_write;  // T == 1: this kernel writes the new row; reads of it use k/v directly
+  bool cluster_merge;  // decode_kernel: the splits are one cluster and merge in shared memory (merge_cluster)
   const float* q_norm;
   const float* k_norm;
   float norm_eps;
@@ -264,6 +269,74 @@ __device__ void merge_splits(const AttnArgs<S>& a, unsigned* counter, int hq0, i
     }
   }
   if (threadIdx.x == 0) *counter = 0;  // ready for the next step
+}
+
+// Split-KV finish of a decode step launched as clusters of its splits
+// (Tuning::AttnMerge::cluster): block `split` of the cluster holds its
+// partial in its own shared memory (unnormalised O of head g at o_s[g * D],
+// m_s[g], l_s[g]); after a cluster barrier the blocks that own outputs read
+// every split's partial over distributed shared memory and write out = sum_s
+// w_s O_s / sum_s w_s l_s. No global partials, fence or counter; the same
+// arithmetic in the same order as merge_splits (so the bits are those of a
+// global merge). A second barrier keeps every block's shared memory alive
+// until the reads are done. Every block of the cluster calls it, those
+// without keys too (n_active 1: nothing to merge, only the barriers).
+template <int kMaxG>
+__device__ void merge_cluster(int D, int Gz, int n_active, const float* o_s, const float* m_s, const float* l_s,
+                              float* out) {
+  namespace cg = cooperative_groups;
+  __shared__ float w_s[kMaxG][Tuning::kMaxClusterSplits];
+  __shared__ float L_s[kMaxG];
+  cg::cluster_group cl = cg::this_cluster();
+  // A block with a partial releases it (a GPU-scope fence in SASS); one
+  // without (no keys, or the only active split) has nothing to publish.
+  if (n_active > 1 && o_s) {
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+  } else {
+    asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+  }
+  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+  const int n4 = Gz * D / 4;
+  const int first = int(cl.block_rank()) * kThreads;  // this block's float4s of the Gz * D outputs
+  if (n_active > 1 && first < n4) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int g = warp; g < Gz; g += kWarps) {
+      const bool has = lane < n_active;
+      const float m = has ? cl.map_shared_rank(m_s, lane)[g] : -INFINITY;
+      const float l = has ? cl.map_shared_rank(l_s, lane)[g] : 0.f;
+      const float M = detail::warp_max(m);
+      const float w = m == -INFINITY ? 0.f : expf(m - M);
+      if (lane < Tuning::kMaxClusterSplits) w_s[g][lane] = w;
+      const float sum = detail::warp_sum(l * w);
+      if (lane == 0) L_s[g] = sum;
+    }
+    __syncthreads();
+    const int i4 = first + threadIdx.x;
+    if (i4 < n4) {
+      const int lgD = __ffs(D) - 1;
+      const int i = i4 * 4, g = i >> lgD;
+      float4 O = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+      for (int s = 0; s < n_active; ++s) {
+        const float4 v = *reinterpret_cast<const float4*>(cl.map_shared_rank(o_s, s) + i);
+        const float w = w_s[g][s];
+        O.x = fmaf(v.x, w, O.x);
+        O.y = fmaf(v.y, w, O.y);
+        O.z = fmaf(v.z, w, O.z);
+        O.w = fmaf(v.w, w, O.w);
+      }
+      const float L = L_s[g];
+      float* o = out + i;
+      o[0] = O.x / L;
+      o[1] = O.y / L;
+      o[2] = O.z / L;
+      o[3] = O.w / L;
+    }
+  }
+  // Keeps every block's shared memory alive until the reads above are done
+  // (their values are used before this point); nothing to publish.
+  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+  asm volatile("barrier.cluster.wait;" ::: "memory");
 }
 
 // Merges `count` (<= 32) split-KV partials of Gz heads (partial rows part0
@@ -951,16 +1024,38 @@ __device__ bool decode_begin(const AttnArgs<S>& a, const DecodeHead& s, DecodeBl
   b.out_t = kMulti ? a.out + size_t(b.t) * a.Hq * D : a.out;
   b.part_t = kMulti ? b.t * a.Hq : 0;  // partial rows of this query's heads
   b.p = a.pos[0] + b.t;
+  // Every load first (into registers), then the shared-memory stores: a
+  // store between them would keep the next loads behind it (the compiler
+  // cannot tell the pointers apart), one L2 round trip each.
   const int lgD = __ffs(D) - 1;  // D is a power of two
-  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads)
-    s.q_s[i] = (i >> lgD) < b.Gz ? q_t[size_t(b.hq0) * D + i] : 0.f;
-  for (int d = threadIdx.x; d < D; d += kThreads) {
-    s.k_s[d] = k_t[size_t(b.h) * D + d];
-    const float v = v_t[size_t(b.h) * D + d];
-    if constexpr (is_quant<S>) {
-      s.v_s[d] = v;  // quantized by the kernel
-    } else {
-      s.v_s[d] = detail::to_f32(detail::from_f32<S>(v));
+  constexpr int kQ = (kMaxG * 256 + kThreads - 1) / kThreads, kKV = (256 + kThreads - 1) / kThreads;
+  float qv[kQ], kv[kKV], vv[kKV];
+#pragma unroll
+  for (int u = 0; u < kQ; ++u) {
+    const int i = threadIdx.x + u * kThreads;
+    qv[u] = i < kMaxG * D && (i >> lgD) < b.Gz ? q_t[size_t(b.hq0) * D + i] : 0.f;
+  }
+#pragma unroll
+  for (int u = 0; u < kKV; ++u) {
+    const int d = threadIdx.x + u * kThreads;
+    kv[u] = d < D ? k_t[size_t(b.h) * D + d] : 0.f;
+    vv[u] = d < D ? v_t[size_t(b.h) * D + d] : 0.f;
+  }
+#pragma unroll
+  for (int u = 0; u < kQ; ++u) {
+    const int i = threadIdx.x + u * kThreads;
+    if (i < kMaxG * D) s.q_s[i] = qv[u];
+  }
+#pragma unroll
+  for (int u = 0; u < kKV; ++u) {
+    const int d = threadIdx.x + u * kThreads;
+    if (d < D) {
+      s.k_s[d] = kv[u];
+      if constexpr (is_quant<S>) {
+        s.v_s[d] = vv[u];  // quantized by the kernel
+      } else {
+        s.v_s[d] = detail::to_f32(detail::from_f32<S>(vv[u]));
+      }
     }
   }
   const SplitRange r = split_range(a, b.p, b.split, gridDim.y);
@@ -1008,6 +1103,41 @@ __device__ __forceinline__ void decode_finish(const AttnArgs<S>& a, const Decode
                          b.n_active, b.out_t);
 }
 
+// The end of decode_kernel(_q), after each thread left its key group's sums
+// in red [nKG, kMaxG, D]: the key groups summed in a fixed order, then the
+// output (one active split), or the split's partial, merged by
+// merge_cluster (a.cluster_merge: the partial stays in red[g * D + d], each
+// element overwritten by the thread that summed it) or by merge_splits.
+template <typename S, int kMaxG>
+__device__ __forceinline__ void decode_block_end(const AttnArgs<S>& a, const DecodeBlock& b, float* red, int nKG,
+                                                 const float* m_run, const float* l_run) {
+  const int D = a.D;
+  __syncthreads();
+  const bool in_cluster = a.cluster_merge && b.n_active > 1;
+  for (int i = threadIdx.x; i < b.Gz * D; i += kThreads) {
+    const int g = i / D, d = i % D;
+    float O = 0.f;
+    for (int k = 0; k < nKG; ++k) O += red[(k * kMaxG + g) * D + d];
+    if (in_cluster) {
+      red[g * D + d] = O;
+    } else {
+      decode_store(a, b, g, d, O, m_run[g], l_run[g]);
+    }
+  }
+  if (a.cluster_merge) {
+    merge_cluster<kMaxG>(D, b.Gz, b.n_active, red, m_run, l_run, b.out_t + size_t(b.hq0) * D);
+  } else {
+    decode_finish<S, kMaxG>(a, b);
+  }
+}
+
+// A decode block without keys (decode_begin returned false) leaves; in a
+// cluster it first joins the merge's barriers.
+template <typename S>
+__device__ __forceinline__ void decode_idle(const AttnArgs<S>& a) {
+  if (a.cluster_merge) merge_cluster<1>(a.D, 0, 1, nullptr, nullptr, nullptr, nullptr);
+}
+
 // kStaged (Tuning::DecodeAttn::staged, and automatic at head dim 256;
 // 16-bit pools, head dim 64, 128 or 256): the tile loop reads K and V from
 // shared memory instead. Tiles of kStagedBytes / D keys (128 / 64 / 32)
@@ -1042,7 +1172,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   float* red = sc + kMaxG * kTile;   // [nKG, kMaxG, D]
 
   DecodeBlock b;
-  if (!decode_begin<S, kMaxG, kMulti>(a, hs, b)) return;
+  if (!decode_begin<S, kMaxG, kMulti>(a, hs, b)) return decode_idle(a);
   const int h = b.h, zg = b.zg, Gz = b.Gz, split = b.split;
   const int32_t p = b.p, c0 = b.c0, c1 = b.c1;
   const S* kp = a.k_pool + size_t(h) * a.rule.pool * D;
@@ -1051,10 +1181,36 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
   }
+  const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
+  // Fast path (not kStaged): a tile's loads go out together at its start, the
+  // first tile's before the prologue (the pool rows do not depend on it, and
+  // its sines and cosines run while they are in flight): the V rows of the
+  // first kPre keys a thread accumulates in (3), and the first kKB 8-value
+  // chunks of the K row the thread scores in (1) (the whole row at head dim
+  // <= 128 over 16-bit pools). The fresh row (j == p) is never read from the
+  // pool: another block may be writing it. (Before: one chunk of the K row
+  // consumed per load, two loads in flight, eight L2 round trips a row.)
+  constexpr int kPre = sizeof(S) == 4 ? 4 : 8;
+  constexpr int kKB = sizeof(S) == 4 ? 8 : 16;
+  detail::Pack8<S> vpre[kPre], krow[kKB];
+  auto fetch = [&](int32_t t0) {
+    const int n = min(kTile, c1 - t0);
+#pragma unroll
+    for (int m = 0; m < kPre; ++m) {
+      const int i = kg + m * nKG;
+      const int32_t j = t0 + i;
+      vpre[m] = i < n && j != p ? detail::load8(vp + size_t(slot_of(a.rule, j)) * D + e0) : pack8_zero<S>();
+    }
+    const int32_t j = t0 + int(threadIdx.x);
+    const bool stored = int(threadIdx.x) < n && j != p;
+    const S* kr = kp + (stored ? size_t(slot_of(a.rule, j)) * D : 0);
+#pragma unroll
+    for (int u = 0; u < kKB; ++u) krow[u] = stored && u * 8 < D ? detail::load8(kr + u * 8) : pack8_zero<S>();
+  };
+  if constexpr (!kStaged) fetch(c0);
   decode_prologue<S, kMaxG>(a, hs, b);
   if (!kMulti && split == 0 && zg == 0) store_row(a, h, p, k_s, v_s);
 
-  const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
   float acc[kMaxG][8];
 #pragma unroll
   for (int g = 0; g < kMaxG; ++g)
@@ -1164,20 +1320,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
       __syncthreads();  // the next load overwrites this stage; sc and corr are rewritten
     }
   } else {
-  // V rows of the first kPre keys a thread accumulates in (3), loaded before
-  // the scores so their latency hides behind (1) and (2). The fresh row (j ==
-  // p) is never read from the pool: another block may be writing it.
-  constexpr int kPre = sizeof(S) == 4 ? 4 : 8;
   for (int32_t t0 = c0; t0 < c1; t0 += kTile) {
     const int n = min(kTile, c1 - t0);
-    detail::Pack8<S> vpre[kPre];
-#pragma unroll
-    for (int m = 0; m < kPre; ++m) {
-      const int i = kg + m * nKG;
-      const int32_t j = t0 + i;
-      vpre[m] = i < n && j != p ? detail::load8(vp + size_t(slot_of(a.rule, j)) * D + e0) : pack8_zero<S>();
-    }
-    // (1) Scores: thread i owns key t0 + i.
+    if (t0 != c0) fetch(t0);
+    // (1) Scores: thread i owns key t0 + i (chunks past the first kKB in
+    // further batches of kKB loads); the fresh key's values come from k_s.
     {
       const int i = threadIdx.x;
       const int32_t j = t0 + i;
@@ -1186,9 +1333,29 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
       for (int g = 0; g < kMaxG; ++g) dot[g] = 0.f;
       if (i < n) {
         const bool fresh = j == p;
-        const S* kr = kp + size_t(slot_of(a.rule, j)) * D;
-#pragma unroll 8
-        for (int v = 0; v < D; v += 8) dot_chunk(dot, fresh, kr, v);
+        const S* kr = kp + (fresh ? 0 : size_t(slot_of(a.rule, j)) * D);
+        for (int v0 = 0; v0 < D; v0 += kKB * 8) {
+          if (v0 > 0) {
+#pragma unroll
+            for (int u = 0; u < kKB; ++u)
+              krow[u] = !fresh && v0 + u * 8 < D ? detail::load8(kr + v0 + u * 8) : pack8_zero<S>();
+          }
+#pragma unroll
+          for (int u = 0; u < kKB; ++u) {
+            const int v = v0 + u * 8;
+            if (v < D) {
+              float kf[8];
+              if (fresh) {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) kf[e] = rounded<S>(k_s[v + e]);
+              } else {
+                detail::unpack8(krow[u], kf);
+              }
+#pragma unroll
+              for (int g = 0; g < kMaxG; ++g) dot[g] = dot8(q_s + g * D + v, kf, dot[g]);
+            }
+          }
+        }
       }
       put_scores(dot, i, n);
     }
@@ -1211,19 +1378,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   }
   }
 
-  // Sum the key groups (fixed order), then finish or leave a partial.
 #pragma unroll
   for (int g = 0; g < kMaxG; ++g)
 #pragma unroll
     for (int e = 0; e < 8; ++e) red[(kg * kMaxG + g) * D + e0 + e] = acc[g][e];
-  __syncthreads();
-  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    float O = 0.f;
-    for (int k = 0; k < nKG; ++k) O += red[(k * kMaxG + g) * D + d];
-    decode_store(a, b, g, d, O, m_run[g], l_run[g]);
-  }
-  decode_finish<S, kMaxG>(a, b);
+  decode_block_end<S, kMaxG>(a, b, red, nKG, m_run, l_run);
 }
 
 // Decode attention on the tensor cores (Tuning::DecodeAttn::mma; 16-bit
@@ -1689,7 +1848,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
   uint8_t* vqa_s = vq_s + kMaxCodeRow;
 
   DecodeBlock b;
-  if (!decode_begin<S, kMaxG, false>(a, hs, b)) return;
+  if (!decode_begin<S, kMaxG, false>(a, hs, b)) return decode_idle(a);
   const int h = b.h, zg = b.zg, Gz = b.Gz, split = b.split;
   const int32_t p = b.p, c0 = b.c0, c1 = b.c1;
   const uint8_t* kc = reinterpret_cast<const uint8_t*>(a.k_pool) + size_t(h) * a.rule.pool * a.k_code_row;
@@ -1700,6 +1859,52 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
   }
+  const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
+  // A tile's loads go out together at its start, the first tile's before the
+  // prologue and the quantization of the new row (decode_kernel's scheme):
+  // the V codes of the first kPre keys a thread accumulates, and the K codes
+  // and params and the V params of the key it scores. The fresh key (j == p)
+  // is read from the block's quantized copy, so in the first tile its loads
+  // wait until that copy exists: fetch(t0, kOld) then fetch(t0, kFresh).
+  constexpr int kPre = 16;  // V codes of the first kPre keys a thread accumulates, loaded before the scores
+  constexpr int kKC = 16;   // 16-byte chunks of a K row, at most (k_code_row <= 256)
+  constexpr int kOld = 0, kFresh = 1, kAll = 2;
+  const int vg = VT::kAffine ? D / a.v_group : 1;  // V params words a row
+  typename VT::Codes8 vpre[kPre];
+  uint4 kw[kKC];
+  uint32_t kpar[kKC], vpar[8];
+  auto fetch = [&](int32_t t0, int which) {
+    const int n = min(kTile, c1 - t0);
+    auto wanted = [&](int32_t j) { return j == p ? which != kOld : which != kFresh; };
+#pragma unroll
+    for (int m = 0; m < kPre; ++m) {
+      const int i = kg + m * nKG;
+      const int32_t j = t0 + i;
+      if (i < n && wanted(j))
+        vpre[m] = detail::load_codes8<VS>(j == p ? vq_s : vc + size_t(slot_of(a.rule, j)) * a.v_code_row, e0);
+      else if (which != kFresh)
+        vpre[m] = typename VT::Codes8{};
+    }
+    const int i = threadIdx.x;
+    const int32_t j = t0 + i;
+    if (i < n && wanted(j)) {
+      const bool fresh = j == p;
+      const size_t slot = fresh ? 0 : size_t(slot_of(a.rule, j));
+      const uint8_t* kr = fresh ? kq_s : kc + slot * a.k_code_row;
+      const uint8_t* kar = fresh ? kqa_s : ka + slot * a.k_aux_row;
+      const uint8_t* var = fresh ? vqa_s : va + slot * a.v_aux_row;
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+        if (k < vg) vpar[k] = reinterpret_cast<const uint32_t*>(var)[k];
+#pragma unroll
+      for (int c = 0; c < kKC; ++c)
+        if (c < n_chunks) {
+          kw[c] = *reinterpret_cast<const uint4*>(kr + c * 16);
+          kpar[c] = detail::load_params<KS>(kar, c * kKE, a.k_group);
+        }
+    }
+  };
+  fetch(c0, kOld);
   decode_prologue<S, kMaxG>(a, hs, b);
   detail::quantize_row_block<KS>(k_s, D, a.k_group, kq_s, kqa_s, kparams_s);
   detail::quantize_row_block<VS>(v_s, D, a.v_group, vq_s, vqa_s, vparams_s);
@@ -1714,8 +1919,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
     }
     __syncthreads();
   }
-
-  const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
+  if (p >= c0 && p < c0 + kTile) fetch(c0, kFresh);  // after the quantize's closing __syncthreads
   const int vgi = VT::kAffine ? e0 / a.v_group : 0;  // this thread's V group
   float acc[kMaxG][8], accb[kMaxG];
 #pragma unroll
@@ -1725,36 +1929,24 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
   }
 
-  constexpr int kPre = 16;  // V codes of the first kPre keys a thread accumulates, loaded before the scores
   for (int32_t t0 = c0; t0 < c1; t0 += kTile) {
     const int n = min(kTile, c1 - t0);
-    typename VT::Codes8 vpre[kPre];
-#pragma unroll
-    for (int m = 0; m < kPre; ++m) {
-      const int i = kg + m * nKG;
-      const int32_t j = t0 + i;
-      vpre[m] = i < n ? detail::load_codes8<VS>(j == p ? vq_s : vc + size_t(slot_of(a.rule, j)) * a.v_code_row, e0)
-                      : typename VT::Codes8{};
-    }
-    // (1) Scores: thread i owns key t0 + i; it also fetches that key's V params.
+    if (t0 != c0) fetch(t0, kAll);
+    // (1) Scores: thread i owns key t0 + i; it also keeps that key's V params.
     {
       const int i = threadIdx.x;
-      const int32_t j = t0 + i;
       float dot[kMaxG];
 #pragma unroll
       for (int g = 0; g < kMaxG; ++g) dot[g] = 0.f;
       if (i < n) {
-        const bool fresh = j == p;
-        const size_t slot = size_t(slot_of(a.rule, j));
-        const uint8_t* kr = fresh ? kq_s : kc + slot * a.k_code_row;
-        const uint8_t* kar = fresh ? kqa_s : ka + slot * a.k_aux_row;
-        const uint8_t* var = fresh ? vqa_s : va + slot * a.v_aux_row;
-        const int vg = VT::kAffine ? D / a.v_group : 1;
-        for (int k = 0; k < vg; ++k) vpar_s[i * 8 + k] = reinterpret_cast<const uint32_t*>(var)[k];
-#pragma unroll 8
-        for (int c = 0; c < n_chunks; ++c) {
-          const uint4 w = *reinterpret_cast<const uint4*>(kr + c * 16);
-          const uint32_t par = detail::load_params<KS>(kar, c * kKE, a.k_group);
+#pragma unroll
+        for (int k = 0; k < 8; ++k)
+          if (k < vg) vpar_s[i * 8 + k] = vpar[k];
+#pragma unroll
+        for (int c = 0; c < kKC; ++c) {
+          if (c >= n_chunks) break;
+          const uint4 w = kw[c];
+          const uint32_t par = kpar[c];
           float part[kMaxG];
 #pragma unroll
           for (int g = 0; g < kMaxG; ++g) part[g] = -0.0f;
@@ -1833,14 +2025,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
   for (int g = 0; g < kMaxG; ++g)
 #pragma unroll
     for (int e = 0; e < 8; ++e) red[(kg * kMaxG + g) * D + e0 + e] = acc[g][e] + accb[g];
-  __syncthreads();
-  for (int i = threadIdx.x; i < Gz * D; i += kThreads) {
-    const int g = i / D, d = i % D;
-    float O = 0.f;
-    for (int k = 0; k < nKG; ++k) O += red[(k * kMaxG + g) * D + d];
-    decode_store(a, b, g, d, O, m_run[g], l_run[g]);
-  }
-  decode_finish<S, kMaxG>(a, b);
+  decode_block_end<S, kMaxG>(a, b, red, nKG, m_run, l_run);
 }
 
 // Decode attention over quantized pools on the tensor cores (the
@@ -2446,22 +2631,58 @@ void allow_smem(K kernel, size_t bytes) {
 // as fit on the GPU at once (occupancy x SMs), at most max_splits. `one`
 // serves one-token steps, `multi` steps of several queries (each query's
 // split count that of a one-token step).
+// Whether `kernel` can run as clusters of `splits` blocks (1 x splits) with
+// `smem` bytes each on this GPU (above 8 blocks a cluster needs the
+// non-portable opt-in, set here). Asked once per (kernel, splits, bytes).
+template <typename K>
+bool cluster_fits(K kernel, int splits, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t>, bool> known;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), splits, smem);
+  if (auto it = known.find(key); it != known.end()) return it->second;
+  bool fits = false;
+  if (splits <= 8 || cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(1, static_cast<unsigned>(splits));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = static_cast<unsigned>(splits);
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int clusters = 0;
+    fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
+  }
+  (void)cudaGetLastError();  // a refusal above is an answer, not an error to report later
+  return known[key] = fits;
+}
+
+// clustered: the kernel merges its splits by merge_cluster when the step
+// has 2..kMaxClusterSplits of them (Tuning::AttnMerge::cluster), else by
+// merge_splits.
 template <typename S, typename K>
 void launch_decode_grid(K one, K multi, size_t smem, AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws,
-                        Launch stream) {
+                        Launch stream, bool clustered = false) {
   int per_sm = 0;
   KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, one, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
   const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+  a.cluster_merge = clustered && ws.tuning().attn_merge == Tuning::AttnMerge::cluster && splits > 1 &&
+                    splits <= Tuning::kMaxClusterSplits && cluster_fits(a.T == 1 ? one : multi, splits, smem);
+  const dim3 cluster(1, a.cluster_merge ? splits : 1);
   if (a.T == 1) {
-    launch(one, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, a);
+    launch_clustered(one, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, cluster, a);
     return;
   }
   a.ws_splits = splits;  // rows of `splits` partials (max_splits <= ws.fitting_splits: they fit)
   if (size_t(a.T) * a.Hq * splits * a.D > ws.partial_out_floats() || a.T * pairs > ws.counter_count())
     fail_op("attention", "a step of " + std::to_string(a.T) + " queries needs more split-KV scratch than the "
                          "workspace holds (" + std::to_string(a.Hq) + " heads of dim " + std::to_string(a.D) + ")");
-  launch(multi, dim3(static_cast<unsigned>(a.T * pairs), splits), dim3(kThreads), smem, stream, a);
+  launch_clustered(multi, dim3(static_cast<unsigned>(a.T * pairs), splits), dim3(kThreads), smem, stream, cluster, a);
 }
 
 template <typename S, int kMaxG, bool kStaged>
@@ -2477,7 +2698,7 @@ void launch_decode_as(AttnArgs<S> a, int max_splits, const AttentionWorkspace& w
     (void)opted_in;
   }
   launch_decode_grid(decode_kernel<S, kMaxG, false, kStaged>, decode_kernel<S, kMaxG, true, kStaged>,
-                     decode_smem<kMaxG>(a.D, kStaged), a, max_splits, ws, stream);
+                     decode_smem<kMaxG>(a.D, kStaged), a, max_splits, ws, stream, /*clustered=*/true);
 }
 
 template <typename S, int D>
@@ -2659,7 +2880,7 @@ size_t decode_q_smem(int D) {
 }
 
 template <typename KS, typename VS, int kMaxG>
-void launch_decode_q(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, Launch stream) {
+void launch_decode_q(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
   // Above 48 KB (8 heads a block at head dim 128 and up) the kernel must opt
   // in, once, for the most any head dim needs.
   static const bool opted_in = [] {
@@ -2667,13 +2888,8 @@ void launch_decode_q(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, Launch str
     return true;
   }();
   (void)opted_in;
-  const size_t smem = decode_q_smem<kMaxG>(a.D);
-  int per_sm = 0;
-  KVGRAPH_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel_q<KS, VS, kMaxG>, kThreads, smem));
-  const int pairs = a.zgroups * a.Hkv;
-  const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
-  launch(decode_kernel_q<KS, VS, kMaxG>, dim3(static_cast<unsigned>(pairs), splits), dim3(kThreads), smem, stream, a);
+  launch_decode_grid(decode_kernel_q<KS, VS, kMaxG>, decode_kernel_q<KS, VS, kMaxG>, decode_q_smem<kMaxG>(a.D), a,
+                     max_splits, ws, stream, /*clustered=*/true);  // one-token steps only
 }
 
 template <typename KS, typename VS, int kMaxG>
@@ -2770,7 +2986,7 @@ bool launch_decode_mma_q(AttnArgs<detail::QKV<KS, VS>> a, int max_splits, const 
 template <typename S, int kMaxG>
 void launch_decode_any(AttnArgs<S> a, int splits, const AttentionWorkspace& ws, Launch stream) {
   if constexpr (is_quant<S>) {
-    launch_decode_q<typename S::K, typename S::V, kMaxG>(a, splits, stream);
+    launch_decode_q<typename S::K, typename S::V, kMaxG>(a, splits, ws, stream);
   } else {
     launch_decode<S, kMaxG>(a, splits, ws, stream);
   }

@@ -132,20 +132,36 @@ __device__ __forceinline__ float key_value(uint32_t k) {
 // Launches `kernel` with programmatic stream serialization when the Launch
 // asks for it and the stream is an explicit one (the legacy default stream
 // gets plain launches). Empty grids are skipped.
+// launch_clustered: the same, the grid in thread-block clusters of `cluster`
+// blocks (which must divide the grid).
 template <typename... KArgs, typename... Args>
-void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Launch stream, Args&&... args) {
+void launch_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Launch stream, dim3 cluster,
+                      Args&&... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream.stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (stream.pdl && stream.stream != nullptr) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster.x;
+    attr[n].val.clusterDim.y = cluster.y;
+    attr[n++].val.clusterDim.z = cluster.z;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = (stream.pdl && stream.stream != nullptr) ? 1 : 0;
+  cfg.numAttrs = n;
   KVGRAPH_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, Launch stream, Args&&... args) {
+  launch_clustered(kernel, grid, block, smem, stream, dim3(1, 1, 1), std::forward<Args>(args)...);
 }
 
 // Typed dispatch: f(tag) with tag a float / detail::bf16 / detail::f16 value.
