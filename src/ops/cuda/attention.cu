@@ -288,14 +288,7 @@ __device__ void merge_cluster(int D, int Gz, int n_active, const float* o_s, con
   __shared__ float w_s[kMaxG][Tuning::kMaxClusterSplits];
   __shared__ float L_s[kMaxG];
   cg::cluster_group cl = cg::this_cluster();
-  // A block with a partial releases it (a GPU-scope fence in SASS); one
-  // without (no keys, or the only active split) has nothing to publish.
-  if (n_active > 1 && o_s) {
-    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-  } else {
-    asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-  }
-  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+  cl.sync();
   const int n4 = Gz * D / 4;
   const int first = int(cl.block_rank()) * kThreads;  // this block's float4s of the Gz * D outputs
   if (n_active > 1 && first < n4) {
@@ -333,10 +326,7 @@ __device__ void merge_cluster(int D, int Gz, int n_active, const float* o_s, con
       o[3] = O.w / L;
     }
   }
-  // Keeps every block's shared memory alive until the reads above are done
-  // (their values are used before this point); nothing to publish.
-  asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-  asm volatile("barrier.cluster.wait;" ::: "memory");
+  cl.sync();
 }
 
 // Merges `count` (<= 32) split-KV partials of Gz heads (partial rows part0
@@ -1024,38 +1014,16 @@ __device__ bool decode_begin(const AttnArgs<S>& a, const DecodeHead& s, DecodeBl
   b.out_t = kMulti ? a.out + size_t(b.t) * a.Hq * D : a.out;
   b.part_t = kMulti ? b.t * a.Hq : 0;  // partial rows of this query's heads
   b.p = a.pos[0] + b.t;
-  // Every load first (into registers), then the shared-memory stores: a
-  // store between them would keep the next loads behind it (the compiler
-  // cannot tell the pointers apart), one L2 round trip each.
   const int lgD = __ffs(D) - 1;  // D is a power of two
-  constexpr int kQ = (kMaxG * 256 + kThreads - 1) / kThreads, kKV = (256 + kThreads - 1) / kThreads;
-  float qv[kQ], kv[kKV], vv[kKV];
-#pragma unroll
-  for (int u = 0; u < kQ; ++u) {
-    const int i = threadIdx.x + u * kThreads;
-    qv[u] = i < kMaxG * D && (i >> lgD) < b.Gz ? q_t[size_t(b.hq0) * D + i] : 0.f;
-  }
-#pragma unroll
-  for (int u = 0; u < kKV; ++u) {
-    const int d = threadIdx.x + u * kThreads;
-    kv[u] = d < D ? k_t[size_t(b.h) * D + d] : 0.f;
-    vv[u] = d < D ? v_t[size_t(b.h) * D + d] : 0.f;
-  }
-#pragma unroll
-  for (int u = 0; u < kQ; ++u) {
-    const int i = threadIdx.x + u * kThreads;
-    if (i < kMaxG * D) s.q_s[i] = qv[u];
-  }
-#pragma unroll
-  for (int u = 0; u < kKV; ++u) {
-    const int d = threadIdx.x + u * kThreads;
-    if (d < D) {
-      s.k_s[d] = kv[u];
-      if constexpr (is_quant<S>) {
-        s.v_s[d] = vv[u];  // quantized by the kernel
-      } else {
-        s.v_s[d] = detail::to_f32(detail::from_f32<S>(vv[u]));
-      }
+  for (int i = threadIdx.x; i < kMaxG * D; i += kThreads)
+    s.q_s[i] = (i >> lgD) < b.Gz ? q_t[size_t(b.hq0) * D + i] : 0.f;
+  for (int d = threadIdx.x; d < D; d += kThreads) {
+    s.k_s[d] = k_t[size_t(b.h) * D + d];
+    const float v = v_t[size_t(b.h) * D + d];
+    if constexpr (is_quant<S>) {
+      s.v_s[d] = v;  // quantized by the kernel
+    } else {
+      s.v_s[d] = detail::to_f32(detail::from_f32<S>(v));
     }
   }
   const SplitRange r = split_range(a, b.p, b.split, gridDim.y);
@@ -1181,36 +1149,10 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
   }
-  const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
-  // Fast path (not kStaged): a tile's loads go out together at its start, the
-  // first tile's before the prologue (the pool rows do not depend on it, and
-  // its sines and cosines run while they are in flight): the V rows of the
-  // first kPre keys a thread accumulates in (3), and the first kKB 8-value
-  // chunks of the K row the thread scores in (1) (the whole row at head dim
-  // <= 128 over 16-bit pools). The fresh row (j == p) is never read from the
-  // pool: another block may be writing it. (Before: one chunk of the K row
-  // consumed per load, two loads in flight, eight L2 round trips a row.)
-  constexpr int kPre = sizeof(S) == 4 ? 4 : 8;
-  constexpr int kKB = sizeof(S) == 4 ? 8 : 16;
-  detail::Pack8<S> vpre[kPre], krow[kKB];
-  auto fetch = [&](int32_t t0) {
-    const int n = min(kTile, c1 - t0);
-#pragma unroll
-    for (int m = 0; m < kPre; ++m) {
-      const int i = kg + m * nKG;
-      const int32_t j = t0 + i;
-      vpre[m] = i < n && j != p ? detail::load8(vp + size_t(slot_of(a.rule, j)) * D + e0) : pack8_zero<S>();
-    }
-    const int32_t j = t0 + int(threadIdx.x);
-    const bool stored = int(threadIdx.x) < n && j != p;
-    const S* kr = kp + (stored ? size_t(slot_of(a.rule, j)) * D : 0);
-#pragma unroll
-    for (int u = 0; u < kKB; ++u) krow[u] = stored && u * 8 < D ? detail::load8(kr + u * 8) : pack8_zero<S>();
-  };
-  if constexpr (!kStaged) fetch(c0);
   decode_prologue<S, kMaxG>(a, hs, b);
   if (!kMulti && split == 0 && zg == 0) store_row(a, h, p, k_s, v_s);
 
+  const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
   float acc[kMaxG][8];
 #pragma unroll
   for (int g = 0; g < kMaxG; ++g)
@@ -1320,11 +1262,20 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
       __syncthreads();  // the next load overwrites this stage; sc and corr are rewritten
     }
   } else {
+  // V rows of the first kPre keys a thread accumulates in (3), loaded before
+  // the scores so their latency hides behind (1) and (2). The fresh row (j ==
+  // p) is never read from the pool: another block may be writing it.
+  constexpr int kPre = sizeof(S) == 4 ? 4 : 8;
   for (int32_t t0 = c0; t0 < c1; t0 += kTile) {
     const int n = min(kTile, c1 - t0);
-    if (t0 != c0) fetch(t0);
-    // (1) Scores: thread i owns key t0 + i (chunks past the first kKB in
-    // further batches of kKB loads); the fresh key's values come from k_s.
+    detail::Pack8<S> vpre[kPre];
+#pragma unroll
+    for (int m = 0; m < kPre; ++m) {
+      const int i = kg + m * nKG;
+      const int32_t j = t0 + i;
+      vpre[m] = i < n && j != p ? detail::load8(vp + size_t(slot_of(a.rule, j)) * D + e0) : pack8_zero<S>();
+    }
+    // (1) Scores: thread i owns key t0 + i.
     {
       const int i = threadIdx.x;
       const int32_t j = t0 + i;
@@ -1333,29 +1284,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
       for (int g = 0; g < kMaxG; ++g) dot[g] = 0.f;
       if (i < n) {
         const bool fresh = j == p;
-        const S* kr = kp + (fresh ? 0 : size_t(slot_of(a.rule, j)) * D);
-        for (int v0 = 0; v0 < D; v0 += kKB * 8) {
-          if (v0 > 0) {
-#pragma unroll
-            for (int u = 0; u < kKB; ++u)
-              krow[u] = !fresh && v0 + u * 8 < D ? detail::load8(kr + v0 + u * 8) : pack8_zero<S>();
-          }
-#pragma unroll
-          for (int u = 0; u < kKB; ++u) {
-            const int v = v0 + u * 8;
-            if (v < D) {
-              float kf[8];
-              if (fresh) {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) kf[e] = rounded<S>(k_s[v + e]);
-              } else {
-                detail::unpack8(krow[u], kf);
-              }
-#pragma unroll
-              for (int g = 0; g < kMaxG; ++g) dot[g] = dot8(q_s + g * D + v, kf, dot[g]);
-            }
-          }
-        }
+        const S* kr = kp + size_t(slot_of(a.rule, j)) * D;
+#pragma unroll 8
+        for (int v = 0; v < D; v += 8) dot_chunk(dot, fresh, kr, v);
       }
       put_scores(dot, i, n);
     }
@@ -1859,52 +1790,6 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
   }
-  const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
-  // A tile's loads go out together at its start, the first tile's before the
-  // prologue and the quantization of the new row (decode_kernel's scheme):
-  // the V codes of the first kPre keys a thread accumulates, and the K codes
-  // and params and the V params of the key it scores. The fresh key (j == p)
-  // is read from the block's quantized copy, so in the first tile its loads
-  // wait until that copy exists: fetch(t0, kOld) then fetch(t0, kFresh).
-  constexpr int kPre = 16;  // V codes of the first kPre keys a thread accumulates, loaded before the scores
-  constexpr int kKC = 16;   // 16-byte chunks of a K row, at most (k_code_row <= 256)
-  constexpr int kOld = 0, kFresh = 1, kAll = 2;
-  const int vg = VT::kAffine ? D / a.v_group : 1;  // V params words a row
-  typename VT::Codes8 vpre[kPre];
-  uint4 kw[kKC];
-  uint32_t kpar[kKC], vpar[8];
-  auto fetch = [&](int32_t t0, int which) {
-    const int n = min(kTile, c1 - t0);
-    auto wanted = [&](int32_t j) { return j == p ? which != kOld : which != kFresh; };
-#pragma unroll
-    for (int m = 0; m < kPre; ++m) {
-      const int i = kg + m * nKG;
-      const int32_t j = t0 + i;
-      if (i < n && wanted(j))
-        vpre[m] = detail::load_codes8<VS>(j == p ? vq_s : vc + size_t(slot_of(a.rule, j)) * a.v_code_row, e0);
-      else if (which != kFresh)
-        vpre[m] = typename VT::Codes8{};
-    }
-    const int i = threadIdx.x;
-    const int32_t j = t0 + i;
-    if (i < n && wanted(j)) {
-      const bool fresh = j == p;
-      const size_t slot = fresh ? 0 : size_t(slot_of(a.rule, j));
-      const uint8_t* kr = fresh ? kq_s : kc + slot * a.k_code_row;
-      const uint8_t* kar = fresh ? kqa_s : ka + slot * a.k_aux_row;
-      const uint8_t* var = fresh ? vqa_s : va + slot * a.v_aux_row;
-#pragma unroll
-      for (int k = 0; k < 8; ++k)
-        if (k < vg) vpar[k] = reinterpret_cast<const uint32_t*>(var)[k];
-#pragma unroll
-      for (int c = 0; c < kKC; ++c)
-        if (c < n_chunks) {
-          kw[c] = *reinterpret_cast<const uint4*>(kr + c * 16);
-          kpar[c] = detail::load_params<KS>(kar, c * kKE, a.k_group);
-        }
-    }
-  };
-  fetch(c0, kOld);
   decode_prologue<S, kMaxG>(a, hs, b);
   detail::quantize_row_block<KS>(k_s, D, a.k_group, kq_s, kqa_s, kparams_s);
   detail::quantize_row_block<VS>(v_s, D, a.v_group, vq_s, vqa_s, vparams_s);
@@ -1919,7 +1804,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
     }
     __syncthreads();
   }
-  if (p >= c0 && p < c0 + kTile) fetch(c0, kFresh);  // after the quantize's closing __syncthreads
+
+  const int kg = threadIdx.x / DS, e0 = (threadIdx.x % DS) * 8;
   const int vgi = VT::kAffine ? e0 / a.v_group : 0;  // this thread's V group
   float acc[kMaxG][8], accb[kMaxG];
 #pragma unroll
@@ -1929,24 +1815,36 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
     for (int e = 0; e < 8; ++e) acc[g][e] = 0.f;
   }
 
+  constexpr int kPre = 16;  // V codes of the first kPre keys a thread accumulates, loaded before the scores
   for (int32_t t0 = c0; t0 < c1; t0 += kTile) {
     const int n = min(kTile, c1 - t0);
-    if (t0 != c0) fetch(t0, kAll);
-    // (1) Scores: thread i owns key t0 + i; it also keeps that key's V params.
+    typename VT::Codes8 vpre[kPre];
+#pragma unroll
+    for (int m = 0; m < kPre; ++m) {
+      const int i = kg + m * nKG;
+      const int32_t j = t0 + i;
+      vpre[m] = i < n ? detail::load_codes8<VS>(j == p ? vq_s : vc + size_t(slot_of(a.rule, j)) * a.v_code_row, e0)
+                      : typename VT::Codes8{};
+    }
+    // (1) Scores: thread i owns key t0 + i; it also fetches that key's V params.
     {
       const int i = threadIdx.x;
+      const int32_t j = t0 + i;
       float dot[kMaxG];
 #pragma unroll
       for (int g = 0; g < kMaxG; ++g) dot[g] = 0.f;
       if (i < n) {
-#pragma unroll
-        for (int k = 0; k < 8; ++k)
-          if (k < vg) vpar_s[i * 8 + k] = vpar[k];
-#pragma unroll
-        for (int c = 0; c < kKC; ++c) {
-          if (c >= n_chunks) break;
-          const uint4 w = kw[c];
-          const uint32_t par = kpar[c];
+        const bool fresh = j == p;
+        const size_t slot = size_t(slot_of(a.rule, j));
+        const uint8_t* kr = fresh ? kq_s : kc + slot * a.k_code_row;
+        const uint8_t* kar = fresh ? kqa_s : ka + slot * a.k_aux_row;
+        const uint8_t* var = fresh ? vqa_s : va + slot * a.v_aux_row;
+        const int vg = VT::kAffine ? D / a.v_group : 1;
+        for (int k = 0; k < vg; ++k) vpar_s[i * 8 + k] = reinterpret_cast<const uint32_t*>(var)[k];
+#pragma unroll 8
+        for (int c = 0; c < n_chunks; ++c) {
+          const uint4 w = *reinterpret_cast<const uint4*>(kr + c * 16);
+          const uint32_t par = detail::load_params<KS>(kar, c * kKE, a.k_group);
           float part[kMaxG];
 #pragma unroll
           for (int g = 0; g < kMaxG; ++g) part[g] = -0.0f;
@@ -2642,7 +2540,9 @@ bool cluster_fits(K kernel, int splits, size_t smem) {
   const auto key = std::make_tuple(reinterpret_cast<const void*>(kernel), splits, smem);
   if (auto it = known.find(key); it != known.end()) return it->second;
   bool fits = false;
-  if (splits <= 8 || cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+  cudaError_t asked = splits <= 8 ? cudaSuccess
+                                  : cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (asked == cudaSuccess) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(1, static_cast<unsigned>(splits));
     cfg.blockDim = dim3(kThreads);
@@ -2655,9 +2555,10 @@ bool cluster_fits(K kernel, int splits, size_t smem) {
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     int clusters = 0;
-    fits = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
+    asked = cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg);
+    fits = asked == cudaSuccess && clusters > 0;
   }
-  (void)cudaGetLastError();  // a refusal above is an answer, not an error to report later
+  if (asked != cudaSuccess) (void)cudaGetLastError();  // a refusal is an answer here, not an error to report later
   return known[key] = fits;
 }
 
