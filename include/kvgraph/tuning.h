@@ -36,9 +36,10 @@ struct Tuning {
   // keeps its partial in shared memory and the blocks merge them through
   // distributed shared memory, no global partials, fence or counter) or
   // global (partials in global memory, the last block to arrive merges).
-  // cluster applies to the fast and staged decode kernels over 16-bit and f32
-  // pools when the step has 2..kMaxClusterSplits splits, else global; both
-  // give the same bits (the same sums in the same order).
+  // cluster applies to the fast and staged decode kernels and to the one
+  // over quantized pools (not the tensor-core ones) when the step has
+  // 2..kMaxClusterSplits splits, else global; both give the same bits (the
+  // same sums in the same order).
   enum class AttnMerge : uint8_t { cluster, global };
   AttnMerge attn_merge = AttnMerge::cluster;
   static constexpr int kMaxClusterSplits = 16;

@@ -75,7 +75,7 @@ struct AttnArgs {
   int chunk_group;     // decode_mma_kernel_q: chunks a merge group holds
   int group_slots;     // ... and group counters a (kv head, head group)
   bool fused_write;  // T == 1: this kernel writes the new row; reads of it use k/v directly
-  bool cluster_merge;  // decode_kernel: the splits are one cluster and merge in shared memory (merge_cluster)
+  bool cluster_merge;  // decode_kernel(_q): the splits are one cluster and merge in shared memory (merge_cluster)
   const float* q_norm;
   const float* k_norm;
   float norm_eps;
@@ -2525,10 +2525,6 @@ void allow_smem(K kernel, size_t bytes) {
     KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-// The decode grid: (query x kv head x head group, split) with as many splits
-// as fit on the GPU at once (occupancy x SMs), at most max_splits. `one`
-// serves one-token steps, `multi` steps of several queries (each query's
-// split count that of a one-token step).
 // Whether `kernel` can run as clusters of `splits` blocks (1 x splits) with
 // `smem` bytes each on this GPU (above 8 blocks a cluster needs the
 // non-portable opt-in, set here). Asked once per (kernel, splits, bytes).
@@ -2562,6 +2558,10 @@ bool cluster_fits(K kernel, int splits, size_t smem) {
   return known[key] = fits;
 }
 
+// The decode grid: (query x kv head x head group, split) with as many splits
+// as fit on the GPU at once (occupancy x SMs), at most max_splits. `one`
+// serves one-token steps, `multi` steps of several queries (each query's
+// split count that of a one-token step).
 // clustered: the kernel merges its splits by merge_cluster when the step
 // has 2..kMaxClusterSplits of them (Tuning::AttnMerge::cluster), else by
 // merge_splits.
