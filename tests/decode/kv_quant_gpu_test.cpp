@@ -62,7 +62,7 @@ TEST(CudaKvQuant, ClusterAndGlobalSplitMergesGiveTheSameLogits) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Reference ref = load_reference("gemma3");
   auto gpu = Model::load(fixtures_dir() / "gemma3", Device::CUDA);
-  for (const KvStorage& st : {KvStorage{kI8}, KvStorage{kI4}, KvStorage{kFp8, kI4}}) {
+  for (const KvStorage& st : {KvStorage{kI8}, KvStorage{kI4}, KvStorage{kFp8}, KvStorage{kI8, kI4}}) {
     std::vector<float> logits[2];
     for (int global = 0; global < 2; ++global) {
       SessionOptions so{.capacity = 240, .max_write = 4, .kv_storage = st};
