@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Packs binaries built here (cuda preset) for the GPU machine: stripped, with
+# the one shared library it lacks (cpp-httplib), into build/carry.txz (xz
+# shares the bytes two builds of one tree have in common: three binaries
+# fit the 64 MiB a call carries).
+#   bench/pack_carry.sh build/cuda/kvgraph build/cuda/kvgraph_gpu_tests /tmp/kvgraph_base ...
+# A name may be given as PATH=NAME to rename it in the pack. On the GPU
+# machine (carry build/carry.txz):
+#   mkdir -p build/cuda && xz -dc build/carry.txz | tar -C build/cuda -xf - \
+#     && export LD_LIBRARY_PATH=$PWD/build/cuda/lib
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -gt 0 ] || { echo "usage: bench/pack_carry.sh BINARY[=NAME] ..." >&2; exit 2; }
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir -p "$stage/lib"
+for spec in "$@"; do
+  path=${spec%%=*}
+  name=$(basename "${spec#*=}")
+  [ -f "$path" ] || { echo "pack_carry: no file $path" >&2; exit 1; }
+  strip -o "$stage/$name" "$path"
+done
+httplib=$(ls /lib/x86_64-linux-gnu/libcpp-httplib.so.* 2>/dev/null | head -1 || true)
+[ -n "$httplib" ] && cp -L "$httplib" "$stage/lib/"
+mkdir -p build
+(cd "$stage" && tar cf - .) | xz -9 -T0 > build/carry.txz.tmp
+mv build/carry.txz.tmp build/carry.txz
+size=$(stat -c %s build/carry.txz)
+echo "build/carry.txz: $((size / 1048576)) MiB ($*)"
+if [ "$size" -gt $((64 * 1048576)) ]; then
+  echo "pack_carry: over the 64 MiB a device call carries" >&2
+  exit 1
+fi
