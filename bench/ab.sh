@@ -43,6 +43,7 @@ for line in sys.stdin:
     done
   done
 done
+# shellcheck disable=SC2086  # BINS is a list
 python3 - "$rows" $BINS <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -20,7 +20,7 @@ for spec in "$@"; do
   [ -f "$path" ] || { echo "pack_carry: no file $path" >&2; exit 1; }
   strip -o "$stage/$name" "$path"
 done
-httplib=$(ls /lib/x86_64-linux-gnu/libcpp-httplib.so.* 2>/dev/null | head -1 || true)
+httplib=$(find /lib/x86_64-linux-gnu -maxdepth 1 -name "libcpp-httplib.so.*" 2>/dev/null | head -1 || true)
 [ -n "$httplib" ] && cp -L "$httplib" "$stage/lib/"
 mkdir -p build
 (cd "$stage" && tar cf - .) | xz -9 -T0 > build/carry.txz.tmp
