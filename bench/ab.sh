@@ -13,12 +13,13 @@
 #          int4 g64 weights, prompt 512, 128 new tokens)
 #   OUT    where ab.jsonl (every row, tagged with its binary and config) goes
 #          (default /tmp)
-#   NCU_KERNEL  a kernel name regex (e.g. decode_kernel): also time that
-#          kernel's launches under Nsight Compute (serialised, so its own
-#          time apart from overlap and placement) in a short eager run of
-#          each binary on NCU_MODEL (default synthetic:llama3.1-8b) under
-#          ARGS' weights flags and the first CONFIG; prints the mean and the
-#          range of the last NCU_LAST launches (default 96) and registers.
+#   NCU_KERNEL  a kernel name regex (e.g. decode_kernel): also profile one
+#          eager decode step of each binary with bench/profile_step.py
+#          (Nsight Compute, kernels serialised: their own time apart from
+#          overlap and placement) on NCU_MODEL (default synthetic:llama3.1-8b)
+#          under ARGS' weights flags and the first CONFIG, and print the
+#          matching kernel kinds' count, time and share of the step (the
+#          whole profile goes to OUT/ab_profile_BINARY.txt).
 # Exit status: non-zero when a run fails (its error is printed).
 set -uo pipefail
 BINS=${BINS:-build/cuda/kvgraph}
@@ -54,17 +55,14 @@ python3 - "$rows" $BINS <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 bins = sys.argv[2:]
-keys = []
-for r in rows:
-    k = (r["ab_config"], r["model"], r.get("weights", ""), r.get("kv_dtype", ""))
-    if k not in keys:
-        keys.append(k)
+def key(r):
+    return (r["ab_config"], r["model"], r.get("weights", ""), r.get("kv_dtype", ""))
+keys = list(dict.fromkeys(key(r) for r in rows))
 print(f"{'config / model':60s}" + "".join(f"{b.split('/')[-1][:18]:>20s}" for b in bins))
 for k in keys:
     med = []
     for b in bins:
-        t = [r["decode_ms_median"] for r in rows
-             if (r["ab_config"], r["model"], r.get("weights", ""), r.get("kv_dtype", "")) == k and r["ab_bin"] == b]
+        t = [r["decode_ms_median"] for r in rows if key(r) == k and r["ab_bin"] == b]
         med.append(statistics.median(t) if t else None)
     label = f"{k[0] or '(default)'} | {k[1]} {k[2]} kv {k[3]}"
     cells = []
@@ -83,28 +81,15 @@ if [ -n "${NCU_KERNEL:-}" ]; then
   # the weights flags of ARGS (not its models or token counts)
   wflags=$(printf '%s\n' "$ARGS" | grep -oE -- '--(weights|group-size|kv-dtype) [^ ]+' | tr '\n' ' ')
   for bin in $BINS; do
-    csv="$OUT/ab_ncu_$(basename "$bin").csv"
-    # shellcheck disable=SC2086  # flag lists
-    timeout 300 ncu --clock-control none -k "regex:$NCU_KERNEL" --csv \
-      --metrics gpu__time_duration.sum,launch__registers_per_thread,launch__grid_size \
-      "$bin" bench --device cuda --models "${NCU_MODEL:-synthetic:llama3.1-8b}" --prompt 512 --new-tokens 4 \
-      --eager --quiet $wflags $first > "$csv" 2>&1 || { echo "[ab] ncu on $bin failed" >&2; status=1; }
-    python3 - "$csv" "$bin" "${NCU_LAST:-96}" <<'PY'
-import collections, csv, sys
-rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10 and r[0].isdigit()]
-# ID, ..., Metric Name, Metric Unit, Metric Value
-by = collections.defaultdict(dict)
-for r in rows:
-    by[int(r[0])][r[-3]] = (r[-2], r[-1].replace(",", ""))
-ids = sorted(by)[-int(sys.argv[3]):]
-if not ids:
-    sys.exit(f"[ab] {sys.argv[2]}: no launches profiled")
-unit = by[ids[0]]["gpu__time_duration.sum"][0]
-d = [float(by[i]["gpu__time_duration.sum"][1]) for i in ids]
-last = by[ids[-1]]
-print(f"{sys.argv[2]}: {len(ids)} launches, mean {sum(d) / len(d):.2f} {unit} (min {min(d):.2f}, max {max(d):.2f}), "
-      f"{last['launch__registers_per_thread'][1]} registers, grid {last['launch__grid_size'][1]}")
-PY
+    prof="$OUT/ab_profile_$(basename "$bin").txt"
+    if ! python3 "$(dirname "$0")/profile_step.py" "${NCU_MODEL:-synthetic:llama3.1-8b}" --kvgraph "$bin" \
+        --bench-args "$wflags $first" > "$prof" 2>&1; then
+      echo "[ab] profile of $bin failed (see $prof)" >&2
+      status=1
+      continue
+    fi
+    echo "$bin (ncu, one eager decode step):"
+    grep -E "^($NCU_KERNEL).*%|^sum of kernel times" "$prof"
   done
 fi
 exit $status
