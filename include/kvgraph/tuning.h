@@ -80,10 +80,13 @@ struct Tuning {
   // registers and occupancy. p4u2 / p2u4 / p8u1 (bf16/f16 weights, long
   // rows; else r4u2): the block on 4 / 2 / 8 rows, 2 / 4 / 1 vectors a row a
   // batch, the next batch's loads in flight while this one computes,
-  // accumulators for exactly T. automatic: p4u2 at T = 2, p8u1 above, r4u2
+  // accumulators for exactly T. h8u1 / h4u2 / h4u1: the same blocks, each
+  // weight vector widened to f32 once for all tokens. s8x3 / s4x4 / s4x6:
+  // 8 / 4 rows, the weights streamed by cp.async through a ring of 3 / 4 /
+  // 6 stages in shared memory. automatic: p4u2 at T = 2, p8u1 above, r4u2
   // for f32 weights and short rows (fastest on the H200, figures in
   // src/ops/cuda/linear.cu).
-  enum class Multi : uint8_t { automatic, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4, p8u1 };
+  enum class Multi : uint8_t { automatic, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4, p8u1, h8u1, h4u2, h4u1, s8x3, s4x4, s4x6 };
   Multi multi = Multi::automatic;
   // Attention of steps of more than kMaxDecodeQueries tokens (prefill chunks)
   // over bf16/f16 pools at head dim 64/128/256: legacy (attend_kernel, f32

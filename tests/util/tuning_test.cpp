@@ -53,7 +53,7 @@ TEST(Tuning, EveryGemvAndMultiNameParsesToItsValue) {
   for (auto [name, g] : {std::pair{"auto", G::automatic}, {"block2", G::block2}, {"warp2", G::warp2}, {"warp4", G::warp4}})
     EXPECT_EQ(Tuning::parse(std::string("gemv=") + name).gemv, g) << name;
   for (auto [name, m] : {std::pair{"auto", M::automatic}, {"r8u2", M::r8u2}, {"r4u2", M::r4u2}, {"r8u1", M::r8u1},
-                         {"r4u4", M::r4u4}, {"p4u2", M::p4u2}, {"p2u4", M::p2u4}, {"p8u1", M::p8u1}})
+                         {"r4u4", M::r4u4}, {"p4u2", M::p4u2}, {"p2u4", M::p2u4}, {"p8u1", M::p8u1}, {"h8u1", M::h8u1}, {"h4u2", M::h4u2}, {"h4u1", M::h4u1}, {"s8x3", M::s8x3}, {"s4x4", M::s4x4}, {"s4x6", M::s4x6}})
     EXPECT_EQ(Tuning::parse(std::string("mt=") + name).multi, m) << name;
 }
 
@@ -99,7 +99,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   for (const char* bad : {"qring=", "qring=64", "qring=64x", "qring=64x5", "qring=96x4", "qring=64x4x0", "qring=64x4x9",
                           "qring=64x4x-1", "qring=64x4x2x1", "qring=128x3", "qring=x4", "qring=64y4", "qring=64x4 ", "qring=fast"})
     expect_error(bad, (std::string(bad) + ": expected auto, CxS or CxSxB").c_str());
-  expect_error("mt=r16u1", "mt=r16u1: expected auto, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4 or p8u1");
+  expect_error("mt=r16u1", "mt=r16u1: expected auto, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4, p8u1, h8u1, h4u2, h4u1, s8x3, s4x4 or s4x6");
   expect_error("mt=", "mt=: expected auto");
   expect_error("prefill-attn=fast", "prefill-attn=fast");
   expect_error("attn-merge=atomic", "attn-merge=atomic: expected cluster or global");
