@@ -1125,6 +1125,26 @@ __host__ __device__ constexpr int staged_ld(int D) { return D + 8 * (kThreads / 
 // Bytes of the two stages of K and V tiles (16-bit).
 __host__ __device__ constexpr size_t staged_tile_bytes(int D) { return size_t(4) * staged_keys(D) * staged_ld(D) * 2; }
 
+// Asks L1 for the first tile's pool rows before the decode prologue, so
+// they arrive while its norms and RoPE run: the rows of keys [c0, c0 + n)
+// of one pool (`row_bytes` a row), the fresh key p excepted (another block
+// may be writing it), one 128-byte line a prefetch, spread over the block.
+// Nothing is held in registers (loading the rows into registers instead
+// cost the 8B step at 512 keys 8-21%: 95 -> 164 registers, fewer blocks an
+// SM; bench/results/h200-2026-12-07-session19-decode-loads.md). The later
+// loads read the same addresses, so the sums are unchanged.
+__device__ __forceinline__ void prefetch_rows(const SlotRule& rule, int32_t c0, int n, int32_t p, const void* pool,
+                                              int row_bytes) {
+  const int lines = (row_bytes + 127) / 128;
+  for (int idx = threadIdx.x; idx < n * lines; idx += kThreads) {
+    const int i = idx / lines;
+    if (c0 + i == p) continue;
+    const uint8_t* line = static_cast<const uint8_t*>(pool) + size_t(slot_of(rule, c0 + i)) * row_bytes +
+                          (idx - i * lines) * 128;
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
+  }
+}
+
 template <typename S, int kMaxG, bool kMulti, bool kStaged = false>
 __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   extern __shared__ __align__(16) float smem[];
@@ -1148,6 +1168,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   if (threadIdx.x < kMaxG) {
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
+  }
+  if constexpr (!kStaged) {
+    const int n = min(kTile, c1 - c0);
+    prefetch_rows(a.rule, c0, n, p, kp, D * int(sizeof(S)));
+    prefetch_rows(a.rule, c0, n, p, vp, D * int(sizeof(S)));
   }
   decode_prologue<S, kMaxG>(a, hs, b);
   if (!kMulti && split == 0 && zg == 0) store_row(a, h, p, k_s, v_s);
@@ -1789,6 +1814,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
   if (threadIdx.x < kMaxG) {
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
+  }
+  {
+    const int n = min(kTile, c1 - c0);
+    prefetch_rows(a.rule, c0, n, p, kc, a.k_code_row);
+    prefetch_rows(a.rule, c0, n, p, vc, a.v_code_row);
+    prefetch_rows(a.rule, c0, n, p, ka, a.k_aux_row);
+    prefetch_rows(a.rule, c0, n, p, va, a.v_aux_row);
   }
   decode_prologue<S, kMaxG>(a, hs, b);
   detail::quantize_row_block<KS>(k_s, D, a.k_group, kq_s, kqa_s, kparams_s);
