@@ -43,6 +43,10 @@ struct Tuning {
   enum class AttnMerge : uint8_t { cluster, global };
   AttnMerge attn_merge = AttnMerge::cluster;
   static constexpr int kMaxClusterSplits = 16;
+  // The fast and quantized decode kernels ask L1 for their first tile's
+  // pool rows (prefetch.global.L1) before the prologue (off: not measured
+  // on a GPU yet; docs/design.md "Short spans").
+  bool attn_prefetch = false;
   // Programmatic dependent launch on every CUDA kernel.
   bool programmatic_launch = true;
   // T == 1 on affine-quantized weights: x quantized to int8 per vector of
@@ -100,19 +104,19 @@ struct Tuning {
   // Spelled out: the CUDA sources, which include this, are C++17.
   bool operator==(const Tuning& o) const {
     return gemv == o.gemv && decode_attn == o.decode_attn && attn_heads == o.attn_heads &&
-           attn_chunk == o.attn_chunk && attn_merge == o.attn_merge && programmatic_launch == o.programmatic_launch &&
+           attn_chunk == o.attn_chunk && attn_merge == o.attn_merge && attn_prefetch == o.attn_prefetch && programmatic_launch == o.programmatic_launch &&
            quantized_int8_x == o.quantized_int8_x && quantized_stream == o.quantized_stream &&
            qring_chunk == o.qring_chunk && qring_stages == o.qring_stages && qring_blocks == o.qring_blocks &&
            multi == o.multi &&
            prefill_attn == o.prefill_attn;
   }
 
-  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash":
+  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash":
   // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
   // auto|block2|warp2|warp4, attn auto|fast|staged|legacy, attn-heads 0|1|2|4|8,
-  // attn-chunk N >= 0, attn-merge cluster|global, pdl on|off, qx f32|int8, qgemv stream|regs, qring auto|CxS|CxSxB, mt auto|r8u2|r4u2|r8u1|r4u4,
+  // attn-chunk N >= 0, attn-merge cluster|global, attn-prefetch on|off, pdl on|off, qx f32|int8, qgemv stream|regs, qring auto|CxS|CxSxB, mt auto|r8u2|r4u2|r8u1|r4u4,
   // prefill-attn legacy|flash). Throws kvgraph::Error("[tuning] ...") on an
   // unknown key or value.
   static Tuning parse(std::string_view spec);

@@ -12,19 +12,20 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
   const Tuning t =
-      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,attn-merge=global,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy");
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,attn-merge=global,attn-prefetch=on,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::legacy);
   EXPECT_EQ(t.attn_heads, 2);
   EXPECT_EQ(t.attn_chunk, 64);
   EXPECT_EQ(t.attn_merge, Tuning::AttnMerge::global);
+  EXPECT_TRUE(t.attn_prefetch);
   EXPECT_FALSE(t.programmatic_launch);
   EXPECT_FALSE(t.quantized_int8_x);
   EXPECT_FALSE(t.quantized_stream);
@@ -103,7 +104,8 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   expect_error("mt=", "mt=: expected auto");
   expect_error("prefill-attn=fast", "prefill-attn=fast");
   expect_error("attn-merge=atomic", "attn-merge=atomic: expected cluster or global");
-  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, pdl, qx, qgemv, qring, mt, prefill-attn)");
+  expect_error("attn-prefetch=yes", "attn-prefetch=yes: expected on or off");
+  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn)");
   expect_error("gemv", "expected key=value");
 }
 

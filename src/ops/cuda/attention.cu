@@ -76,6 +76,7 @@ struct AttnArgs {
   int group_slots;     // ... and group counters a (kv head, head group)
   bool fused_write;  // T == 1: this kernel writes the new row; reads of it use k/v directly
   bool cluster_merge;  // decode_kernel(_q): the splits are one cluster and merge in shared memory (merge_cluster)
+  bool prefetch;       // decode_kernel(_q): prefetch_rows of the first tile before the prologue (Tuning::attn_prefetch)
   const float* q_norm;
   const float* k_norm;
   float norm_eps;
@@ -1169,7 +1170,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
   }
-  if constexpr (!kStaged) {
+  if (!kStaged && a.prefetch) {
     const int n = min(kTile, c1 - c0);
     prefetch_rows(a.rule, c0, n, p, kp, D * int(sizeof(S)));
     prefetch_rows(a.rule, c0, n, p, vp, D * int(sizeof(S)));
@@ -1815,7 +1816,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
   }
-  {
+  if (a.prefetch) {
     const int n = min(kTile, c1 - c0);
     prefetch_rows(a.rule, c0, n, p, kc, a.k_code_row);
     prefetch_rows(a.rule, c0, n, p, vc, a.v_code_row);
@@ -2604,6 +2605,7 @@ void launch_decode_grid(K one, K multi, size_t smem, AttnArgs<S> a, int max_spli
   KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, one, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
   const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+  a.prefetch = ws.tuning().attn_prefetch;
   a.cluster_merge = clustered && ws.tuning().attn_merge == Tuning::AttnMerge::cluster && splits > 1 &&
                     splits <= Tuning::kMaxClusterSplits && cluster_fits(a.T == 1 ? one : multi, splits, smem);
   const dim3 cluster(1, a.cluster_merge ? splits : 1);
