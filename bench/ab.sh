@@ -89,7 +89,7 @@ if [ -n "${NCU_KERNEL:-}" ]; then
       continue
     fi
     echo "$bin (ncu, one eager decode step):"
-    grep -E "^($NCU_KERNEL).*%|^sum of kernel times" "$prof"
+    grep -E "($NCU_KERNEL).*%|^sum of kernel times" "$prof"
   done
 fi
 exit $status
