@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <string>
+#include <type_traits>
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
@@ -462,20 +463,29 @@ __global__ void __launch_bounds__(kBlock) gemv_tokens_kernel(GemvArgs<W> a) {
   finish_tokens<W, kNorm, kRows, kT>(a, n0, acc, ss);
 }
 
-template <typename W, bool kNorm, int kUnroll, int kRows, bool kOnce = false>
-void launch_gemv_tokens(const GemvArgs<W>& a, Launch stream) {
-  auto go = [&](auto kernel) { launch(kernel, dim3(ceil_div(a.N, kRows)), dim3(kBlock), 0, stream, a); };
-  switch (a.T) {
-    case 2: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 2, kOnce>); break;
-    case 3: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 3, kOnce>); break;
-    case 4: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 4, kOnce>); break;
-    case 5: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 5, kOnce>); break;
-    case 6: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 6, kOnce>); break;
-    case 7: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 7, kOnce>); break;
-    default: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, kMaxGemvTokens, kOnce>); break;
+// f(std::integral_constant<int, T>) for a step of T = 2..kMaxGemvTokens
+// tokens: the kernels are compiled for each token count.
+template <typename F>
+void with_token_count(int T, F&& f) {
+  switch (T) {
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, kMaxGemvTokens>{}); break;
   }
 }
-static_assert(kMaxGemvTokens == 8, "launch_gemv_tokens has a case per token count");
+static_assert(kMaxGemvTokens == 8, "with_token_count has a case per token count");
+
+template <typename W, bool kNorm, int kUnroll, int kRows, bool kOnce = false>
+void launch_gemv_tokens(const GemvArgs<W>& a, Launch stream) {
+  with_token_count(a.T, [&](auto kt) {
+    launch(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, decltype(kt)::value, kOnce>, dim3(ceil_div(a.N, kRows)),
+           dim3(kBlock), 0, stream, a);
+  });
+}
 
 // gemv_tokens_kernel's sums with the weights streamed through shared memory:
 // batch b (vector b * kBlock + tig of each of the kRows rows) goes by
@@ -539,15 +549,7 @@ void launch_gemv_tokens_ring_as(const GemvArgs<W>& a, Launch stream) {
 }
 template <typename W, bool kNorm, int kRows, int kStages>
 void launch_gemv_tokens_ring(const GemvArgs<W>& a, Launch stream) {
-  switch (a.T) {
-    case 2: launch_gemv_tokens_ring_as<W, kNorm, kRows, 2, kStages>(a, stream); break;
-    case 3: launch_gemv_tokens_ring_as<W, kNorm, kRows, 3, kStages>(a, stream); break;
-    case 4: launch_gemv_tokens_ring_as<W, kNorm, kRows, 4, kStages>(a, stream); break;
-    case 5: launch_gemv_tokens_ring_as<W, kNorm, kRows, 5, kStages>(a, stream); break;
-    case 6: launch_gemv_tokens_ring_as<W, kNorm, kRows, 6, kStages>(a, stream); break;
-    case 7: launch_gemv_tokens_ring_as<W, kNorm, kRows, 7, kStages>(a, stream); break;
-    default: launch_gemv_tokens_ring_as<W, kNorm, kRows, kMaxGemvTokens, kStages>(a, stream); break;
-  }
+  with_token_count(a.T, [&](auto kt) { launch_gemv_tokens_ring_as<W, kNorm, kRows, decltype(kt)::value, kStages>(a, stream); });
 }
 
 // Several tokens: the T == 1 shape's threads per row group (kTPR), so each
