@@ -30,8 +30,8 @@ for line in sys.stdin:
     row = json.loads(line)
     row["mt"] = sys.argv[1]
     print(json.dumps(row))
-    print(f"mt={sys.argv[1]:5s} T={row[\"verify_tokens\"]} decode {row[\"decode_ms_median\"]:.3f} ms "
-          f"verify {row[\"verify_ms_median\"]:.3f} ms  {row[\"verify_over_decode\"]:.3f}x", file=sys.stderr)' "$v" \
+    t, d, v, r = (row[k] for k in ("verify_tokens", "decode_ms_median", "verify_ms_median", "verify_over_decode"))
+    print(f"mt={sys.argv[1]:5s} T={t} decode {d:.3f} ms verify {v:.3f} ms  {r:.3f}x", file=sys.stderr)' "$v" \
     >> "$OUT/verify.jsonl"
 done
 exit $status
