@@ -1,38 +1,37 @@
 #!/usr/bin/env bash
-# The next device call for branch wip/verify-ring (session 20 built it; no
-# machine came). Carry build/carry_next.txz (bench/pack_carry.sh
-# build/ab/kvgraph_base build/cuda/kvgraph build/cuda/kvgraph_gpu_tests:
-# main's binary, this branch's binary and its GPU tests), then:
-#   DL=540 bash bench/next_call.sh
-# 1. the GPU tests that cover the branch (several-token GEMV variants, the
-#    embedding over several blocks, attention with attn-prefetch=on);
-# 2. the verify-step variants (bench/verify_sweep.sh, issue 16);
-# 3. interleaved decode A/B: main, the branch (new embedding grid), the
-#    branch with attn-prefetch=on (issue 13), int4 g64 weights, bf16 and
-#    int8 KV.
+# The next device call for branch wip/verify-ring (several-token GEMV
+# variants for the verify step, embedding over a grid, the attention
+# prefetch switch). Carry build/carry_next.txz, made by
+#   bench/pack_carry.sh MAIN/kvgraph=kvgraph_base build/cuda-nc/kvgraph build/cuda-nc/kvgraph_gpu_tests
+# (both trees configured with -DCMAKE_CUDA_FLAGS=--no-compress so that
+# xz shares their fatbins), then: DL=420 bash bench/next_call.sh
+# 1. decode A/B, main against the branch, int4 g64 and bf16 weights (the
+#    branch must not be slower at T = 1 to land);
+# 2. the verify sweep at T = 5, then 2 and 8 (issue 16: T = 5 <= 1.25x);
+# 3. racecheck and memcheck of the several-token GEMV tests (the ring
+#    variants rely on each thread reading back only the slots it copied).
+# Each step is skipped when the call is short of time.
 set -u
 cd "$(dirname "$0")/.."
-DL=${DL:-540}
+DL=${DL:-420}
 nvidia-smi --query-gpu=name --format=csv,noheader
 mkdir -p build/cuda && xz -dc build/carry_next.txz | tar -C build/cuda -xf - && export LD_LIBRARY_PATH=$PWD/build/cuda/lib
-# The ring GEMV's cp.async may meet the ptxas pattern that broke the 64x3
-# qring (docs/design.md: a descriptor in an odd uniform register, illegal
-# instruction at launch): count such LDGSTS per kernel before running it.
 echo "== LDGSTS with odd-register descriptors ($SECONDS s)"
 cuobjdump -sass build/cuda/kvgraph 2>/dev/null | awk '/Function :/ {f = $3} /LDGSTS.*desc\[UR[13579]\]/ {n[f]++} END {for (k in n) print n[k], k}' | c++filt | cut -c1-160 | head -20
-# Two processes: an illegal instruction in one kernel ends its process's tests.
-echo "== GPU tests: prefetch and embedding ($SECONDS s)"
-timeout 150 build/cuda/kvgraph_gpu_tests --gtest_filter='BackendOps.*:CudaAttention.*:CudaKvQuant.*' 2>&1 |
-  grep -E '^\[  (PASSED|FAILED) |^\[==========\]|FAILED|Failure' | tail -12
-echo "== GPU tests: several-token GEMV variants ($SECONDS s)"
-timeout 120 build/cuda/kvgraph_gpu_tests --gtest_filter='CudaMultiToken.*:CudaSpeculative.*' 2>&1 |
-  grep -E '^\[  (PASSED|FAILED) |^\[==========\]|FAILED|Failure' | tail -12
+echo "== decode A/B, int4 g64 ($SECONDS s)"
+BINS="build/cuda/kvgraph_base build/cuda/kvgraph"
+mkdir -p "$OUT/int4" "$OUT/bf16"
+BINS="$BINS" OUT=$OUT/int4 timeout 100 bench/ab.sh -
+echo "== decode A/B, bf16 ($SECONDS s)"
+BINS="$BINS" OUT=$OUT/bf16 ARGS="--device cuda --models synthetic:llama3.1-8b,synthetic:llama3.2-1b --new-tokens 128" \
+  timeout 100 bench/ab.sh -
 echo "== verify variants ($SECONDS s)"
-UNTIL=$((DL * 45 / 100)) bench/verify_sweep.sh synthetic:llama3.1-8b "$OUT"
-echo "== decode A/B ($SECONDS s)"
-printf '#!/bin/sh\nexec %s "$@" --tune attn-prefetch=on\n' "$PWD/build/cuda/kvgraph" > build/cuda/kvgraph_pf
-chmod +x build/cuda/kvgraph_pf
-left=$((DL - SECONDS))
-[ "$left" -gt 60 ] && BINS="build/cuda/kvgraph_base build/cuda/kvgraph build/cuda/kvgraph_pf" OUT=$OUT \
-  timeout "$left" bench/ab.sh - "--kv-dtype int8"
+UNTIL=$((DL * 75 / 100)) SPECS="p8u1:5 s8x3:5 s4x4:5 h4u1:5 s4x6:5 h8u1:5 h4u2:5 p8u1:2 s4x4:2 h4u1:2 p8u1:8 s8x3:8 s4x4:8 h4u1:8" \
+  bench/verify_sweep.sh synthetic:llama3.1-8b "$OUT"
+for tool in racecheck memcheck; do
+  left=$((DL - 15 - SECONDS))
+  echo "== compute-sanitizer $tool, several-token GEMV ($SECONDS s, $left s left)"
+  [ "$left" -gt 30 ] && timeout "$left" compute-sanitizer --tool $tool --error-exitcode 9 \
+    build/cuda/kvgraph_gpu_tests --gtest_filter='CudaMultiToken.LinearRowsAreOneTokenRows' 2>&1 | tail -4
+done
 echo "done ($SECONDS s)"
