@@ -26,6 +26,7 @@
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kv_codec.cuh"
+#include "ops/cuda/mma.cuh"
 
 namespace kvgraph::cuda {
 namespace {
@@ -609,52 +610,6 @@ struct FlashShape {
   // Q tile, then two stages of K and of V, all [rows, LD] in S.
   static constexpr size_t kSmem = size_t(kFlashBQ + 4 * BKV) * LD * 2;
 };
-
-template <typename S> struct Mma;
-template <> struct Mma<detail::bf16> {
-  // (lo, hi) -> two rounded values in one register, lo in the low half.
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi, float& sum) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    sum += __low2float(h) + __high2float(h);
-    uint32_t u;
-    memcpy(&u, &h, 4);
-    return u;
-  }
-  static __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <> struct Mma<detail::f16> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi, float& sum) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    sum += __low2float(h) + __high2float(h);
-    uint32_t u;
-    memcpy(&u, &h, 4);
-    return u;
-  }
-  static __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 // Two stages of tiles: tile it + 1's copies go out (load_tile commits them),
 // then the block waits for tile it's.

@@ -187,6 +187,10 @@ struct LinearParams {
   bool qstream = true;
   // Its ring (Tuning::qring_*): chunk 0 is automatic (kAutoQRing in linear.cu).
   int qring_chunk = 0, qring_stages = 0, qring_blocks = 0;
+  // kMaxGemvTokens < T <= kQGemmMaxTokens on quantized weights: the fused
+  // tensor-core kernel (qgemm.h) where the shape fits; false (or another
+  // shape) dequantises slabs of rows to bf16 for cuBLAS.
+  bool qmma = true;
 };
 
 // Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.

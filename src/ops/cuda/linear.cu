@@ -16,6 +16,7 @@
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/qgemm.h"
 
 namespace kvgraph::cuda {
 namespace {
@@ -1409,6 +1410,7 @@ struct GemmContext::Impl {
   DeviceBuffer x_norm;  // f32 [T, K] (f32 weights with a norm prologue)
   DeviceBuffer y;       // f32 [T, N] (gated epilogue)
   DeviceBuffer w_bf16;  // bf16 [rows, K]: a slab of dequantised weights (quantized T > 1)
+  DeviceBuffer partials;  // f32 partial sums of the quantized GEMM's split K
 
   // Grows `buf` to `bytes`; not allowed while the stream is being captured.
   static void ensure(DeviceBuffer& buf, size_t bytes, Launch stream) {
@@ -1531,6 +1533,12 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
       launch(norm_rows_kernel<float>, dim3(p.T), dim3(norm_rows_threads(p.K)), 0, stream, p.x, p.norm, norm_add,
              p.norm_eps, g.x_norm.as<float>(), p.K);
       B = g.x_norm.data();
+    }
+    if (p.qbits && p.qmma && qgemm_fits(p)) {
+      const size_t scratch = qgemm_scratch_bytes(p);
+      if (scratch) GemmContext::Impl::ensure(g.partials, scratch, stream);
+      qgemm(p, g.x_bf16.as<uint16_t>(), scratch ? g.partials.as<float>() : nullptr, stream);
+      return;
     }
     float* C = p.out;
     float beta = 0.f;
