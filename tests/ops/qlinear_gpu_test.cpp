@@ -64,11 +64,11 @@ enum class Epi { none, bias, residual, gated };
 // Runs the product, checks it against the reference within tol and returns it.
 std::vector<float> check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvShape shape,
                          GemmContext* gemm, double tol, bool int8_x = false, bool qstream = true,
-                         std::array<int, 3> ring = {0, 0, 0}, bool qmma = true) {
+                         std::array<int, 3> ring = {0, 0, 0}, int qmma_tokens = LinearParams{}.qmma_tokens) {
   SCOPED_TRACE(testing::Message() << "T=" << T << " N=" << N << " K=" << K << " bits=" << bits << " group=" << group
                                   << " epi=" << int(epi) << " norm=" << norm << " shape=" << int(shape)
                                   << " int8_x=" << int8_x << " qstream=" << qstream << " ring=" << ring[0] << "x"
-                                  << ring[1] << "x" << ring[2] << " qmma=" << qmma);
+                                  << ring[1] << "x" << ring[2] << " qmma_tokens=" << qmma_tokens);
   QWeights w(N, K, bits, group, 7 + N + K + bits);
   auto x = randn(size_t(T) * K, 11 + K);
   auto g = randn(K, 13 + K, 0.3f);
@@ -100,7 +100,7 @@ std::vector<float> check(int T, int N, int K, int bits, int group, Epi epi, bool
   p.qring_chunk = ring[0];
   p.qring_stages = ring[1];
   p.qring_blocks = ring[2];
-  p.qmma = qmma;
+  p.qmma_tokens = qmma_tokens;
   if (norm) p.norm = dg.as<float>();
   linear(p, gemm, nullptr);
   const auto got = to_host<float>(out, n_out);
@@ -225,13 +225,16 @@ TEST_F(CudaQuantLinear, PrefillDequantisesSlabsForCublas) {
   const int T = kMaxGemvTokens + 1;
   const auto slabs = GemvShape::automatic;
   for (int bits : {4, 8}) {
-    check(T, 70, 384, bits, 32, Epi::none, false, slabs, &gemm, 1e-2, false, true, {0, 0, 0}, false);
-    check(T + 3, 96, 512, bits, 64, Epi::gated, true, slabs, &gemm, 1e-2, false, true, {0, 0, 0}, false);
-    check(16, 64, 1024, bits, 128, Epi::residual, false, slabs, &gemm, 1e-2, false, true, {0, 0, 0}, false);
+    check(T, 70, 384, bits, 32, Epi::none, false, slabs, &gemm, 1e-2, false, true, {0, 0, 0}, 0);
+    check(T + 3, 96, 512, bits, 64, Epi::gated, true, slabs, &gemm, 1e-2, false, true, {0, 0, 0}, 0);
+    check(16, 64, 1024, bits, 128, Epi::residual, false, slabs, &gemm, 1e-2, false, true, {0, 0, 0}, 0);
     // Shapes the fused kernel does not take go to the slabs by themselves:
-    // K not a whole number of its stages of 64, more tokens than it takes.
+    // K not a whole number of its stages of 64, more tokens than it takes
+    // (by default, and at all).
     check(T, 40, 96, bits, 32, Epi::residual, true, slabs, &gemm, 1e-2);
-    check(kQGemmMaxTokens + 8, 24, 128, bits, 32, Epi::bias, false, slabs, &gemm, 1e-2);
+    check(LinearParams{}.qmma_tokens + 1, 24, 128, bits, 32, Epi::bias, false, slabs, &gemm, 1e-2);
+    check(kQGemmMaxTokens + 8, 24, 128, bits, 32, Epi::bias, false, slabs, &gemm, 1e-2, false, true, {0, 0, 0},
+          kQGemmMaxTokens + 8);
     // More rows than one slab (32M values / K): N = 8400 at K = 4128 is two slabs.
     check(T, 8400, 4128, bits, 32, Epi::bias, false, slabs, &gemm, 1e-2);
   }
@@ -257,10 +260,12 @@ TEST_F(CudaQuantLinear, PrefillFusedKernelMatchesTheSlabsAndTheReference) {
   };
   for (int bits : {4, 8})
     for (const Case& c : cases) {
-      const auto fused = check(c.T, c.N, c.K, bits, c.group, c.epi, c.norm, GemvShape::automatic, &gemm, 1e-2);
-      const auto again = check(c.T, c.N, c.K, bits, c.group, c.epi, c.norm, GemvShape::automatic, &gemm, 1e-2);
+      const auto fused = check(c.T, c.N, c.K, bits, c.group, c.epi, c.norm, GemvShape::automatic, &gemm, 1e-2,
+                               false, true, {0, 0, 0}, kQGemmMaxTokens);
+      const auto again = check(c.T, c.N, c.K, bits, c.group, c.epi, c.norm, GemvShape::automatic, &gemm, 1e-2,
+                               false, true, {0, 0, 0}, kQGemmMaxTokens);
       const auto slabs = check(c.T, c.N, c.K, bits, c.group, c.epi, c.norm, GemvShape::automatic, &gemm, 1e-2,
-                               false, true, {0, 0, 0}, false);
+                               false, true, {0, 0, 0}, 0);
       SCOPED_TRACE(testing::Message() << "T=" << c.T << " N=" << c.N << " K=" << c.K << " bits=" << bits);
       EXPECT_LT(norm_err(fused, slabs), 2e-5);
       ASSERT_EQ(fused.size(), again.size());

@@ -1534,7 +1534,7 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
              p.norm_eps, g.x_norm.as<float>(), p.K);
       B = g.x_norm.data();
     }
-    if (p.qbits && p.qmma && qgemm_fits(p)) {
+    if (p.qbits && p.T <= p.qmma_tokens && qgemm_fits(p)) {
       const size_t scratch = qgemm_scratch_bytes(p);
       if (scratch) GemmContext::Impl::ensure(g.partials, scratch, stream);
       qgemm(p, g.x_bf16.as<uint16_t>(), scratch ? g.partials.as<float>() : nullptr, stream);

@@ -90,21 +90,15 @@ __device__ __forceinline__ void finish_pair(const QGemmArgs<S>& a, int t, int n,
 }
 
 // Values k and k + 1 (k even) of a packed row in shared memory, dequantised
-// and rounded to bf16 as the slab path does (fmaf(s, q, b), round to nearest
-// even), k in the low half. q becomes a float without I2F (a quarter-rate
-// instruction): 0x4B000000 | q is the float 2^23 + q, exactly.
+// and rounded to bf16 as the slab path does, k in the low half.
 template <int kBits>
 __device__ __forceinline__ uint32_t dequant_pair(const uint32_t* row, int k, float s, float b) {
   constexpr int kPer = 32 / kBits;
   constexpr uint32_t kMask = (1u << kBits) - 1;
   const uint32_t w = row[k / kPer];
   const int sh = (k % kPer) * kBits;
-  const float q0 = __uint_as_float(0x4B000000u | ((w >> sh) & kMask)) - 8388608.f;
-  const float q1 = __uint_as_float(0x4B000000u | ((w >> (sh + kBits)) & kMask)) - 8388608.f;
-  const __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(s, q0, b), fmaf(s, q1, b));
-  uint32_t u;
-  memcpy(&u, &h, 4);
-  return u;
+  const float q0 = static_cast<float>((w >> sh) & kMask), q1 = static_cast<float>((w >> (sh + kBits)) & kMask);
+  return uint32_t(kvgraph::f32_to_bf16(fmaf(s, q0, b))) | (uint32_t(kvgraph::f32_to_bf16(fmaf(s, q1, b))) << 16);
 }
 
 // A thread's scales and biases for one stage, as stored: its two rows (g and

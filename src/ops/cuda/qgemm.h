@@ -1,8 +1,8 @@
 #pragma once
 // Prefill on affine-quantized weights on the tensor cores, the dequantisation
 // fused into the weight stream (qgemm.cu). linear() takes it for
-// kMaxGemvTokens < T <= kQGemmMaxTokens where it fits; other steps dequantise
-// slabs of rows to bf16 for cuBLAS.
+// kMaxGemvTokens < T <= LinearParams::qmma_tokens where it fits; other steps
+// dequantise slabs of rows to bf16 for cuBLAS.
 #include <cstddef>
 #include <cstdint>
 
@@ -10,7 +10,7 @@
 
 namespace kvgraph::cuda {
 
-constexpr int kQGemmMaxTokens = 512;
+constexpr int kQGemmMaxTokens = 512;  // the longest step qgemm takes
 
 // Whether p (quantized, T > kMaxGemvTokens) runs on the fused kernel: T up to
 // kQGemmMaxTokens, K a multiple of 64 (whole stages of 64 values).
