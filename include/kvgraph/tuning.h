@@ -43,6 +43,10 @@ struct Tuning {
   enum class AttnMerge : uint8_t { cluster, global };
   AttnMerge attn_merge = AttnMerge::cluster;
   static constexpr int kMaxClusterSplits = 16;
+  // The fast and quantized decode kernels ask L1 for their first tile's
+  // pool rows (prefetch.global.L1) before the prologue (off: not measured
+  // on a GPU yet; docs/design.md "Short spans").
+  bool attn_prefetch = false;
   // Programmatic dependent launch on every CUDA kernel.
   bool programmatic_launch = true;
   // T == 1 on affine-quantized weights: x quantized to int8 per vector of
@@ -80,10 +84,13 @@ struct Tuning {
   // registers and occupancy. p4u2 / p2u4 / p8u1 (bf16/f16 weights, long
   // rows; else r4u2): the block on 4 / 2 / 8 rows, 2 / 4 / 1 vectors a row a
   // batch, the next batch's loads in flight while this one computes,
-  // accumulators for exactly T. automatic: p4u2 at T = 2, p8u1 above, r4u2
+  // accumulators for exactly T. h8u1 / h4u2 / h4u1: the same blocks, each
+  // weight vector widened to f32 once for all tokens. s8x3 / s4x4 / s4x6:
+  // 8 / 4 rows, the weights streamed by cp.async through a ring of 3 / 4 /
+  // 6 stages in shared memory. automatic: p4u2 at T = 2, p8u1 above, r4u2
   // for f32 weights and short rows (fastest on the H200, figures in
   // src/ops/cuda/linear.cu).
-  enum class Multi : uint8_t { automatic, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4, p8u1 };
+  enum class Multi : uint8_t { automatic, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4, p8u1, h8u1, h4u2, h4u1, s8x3, s4x4, s4x6 };
   Multi multi = Multi::automatic;
   // Attention of steps of more than kMaxDecodeQueries tokens (prefill chunks)
   // over bf16/f16 pools at head dim 64/128/256: legacy (attend_kernel, f32
@@ -97,19 +104,19 @@ struct Tuning {
   // Spelled out: the CUDA sources, which include this, are C++17.
   bool operator==(const Tuning& o) const {
     return gemv == o.gemv && decode_attn == o.decode_attn && attn_heads == o.attn_heads &&
-           attn_chunk == o.attn_chunk && attn_merge == o.attn_merge && programmatic_launch == o.programmatic_launch &&
+           attn_chunk == o.attn_chunk && attn_merge == o.attn_merge && attn_prefetch == o.attn_prefetch && programmatic_launch == o.programmatic_launch &&
            quantized_int8_x == o.quantized_int8_x && quantized_stream == o.quantized_stream &&
            qring_chunk == o.qring_chunk && qring_stages == o.qring_stages && qring_blocks == o.qring_blocks &&
            multi == o.multi &&
            prefill_attn == o.prefill_attn;
   }
 
-  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash":
+  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash":
   // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
   // auto|block2|warp2|warp4, attn auto|fast|staged|legacy, attn-heads 0|1|2|4|8,
-  // attn-chunk N >= 0, attn-merge cluster|global, pdl on|off, qx f32|int8, qgemv stream|regs, qring auto|CxS|CxSxB, mt auto|r8u2|r4u2|r8u1|r4u4,
+  // attn-chunk N >= 0, attn-merge cluster|global, attn-prefetch on|off, pdl on|off, qx f32|int8, qgemv stream|regs, qring auto|CxS|CxSxB, mt auto|r8u2|r4u2|r8u1|r4u4,
   // prefill-attn legacy|flash). Throws kvgraph::Error("[tuning] ...") on an
   // unknown key or value.
   static Tuning parse(std::string_view spec);

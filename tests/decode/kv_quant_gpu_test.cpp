@@ -57,16 +57,19 @@ TEST(CudaKvQuant, GraphReplayIsBitwiseEqualToEagerForEveryFormat) {
 
 // The decode kernel over quantized pools merges its splits in a cluster's
 // shared memory or through global memory with the same bits: a whole model
-// (flat and ring layers), 16-key splits so a step has up to 15 of them.
+// (flat and ring layers), 16-key splits so a step has up to 15 of them; and
+// with the L1 prefetch of the first tile (Tuning::attn_prefetch).
 TEST(CudaKvQuant, ClusterAndGlobalSplitMergesGiveTheSameLogits) {
   if (!cuda_available()) GTEST_SKIP() << "no CUDA device";
   const Reference ref = load_reference("gemma3");
   auto gpu = Model::load(fixtures_dir() / "gemma3", Device::CUDA);
   for (const KvStorage& st : {KvStorage{kI8}, KvStorage{kI4}, KvStorage{kFp8}, KvStorage{kI8, kI4}}) {
-    std::vector<float> logits[2];
-    for (int global = 0; global < 2; ++global) {
+    std::vector<float> logits[3];
+    for (int global = 0; global < 3; ++global) {
       SessionOptions so{.capacity = 240, .max_write = 4, .kv_storage = st};
-      so.tuning = Tuning::parse(global ? "attn-chunk=16,attn-merge=global" : "attn-chunk=16");
+      so.tuning = Tuning::parse(global == 1   ? "attn-chunk=16,attn-merge=global"
+                                : global == 2 ? "attn-chunk=16,attn-prefetch=on"
+                                              : "attn-chunk=16");
       Session s(gpu, so);
       s.prefill(ref.greedy_prompt);
       s.sample();
@@ -78,6 +81,9 @@ TEST(CudaKvQuant, ClusterAndGlobalSplitMergesGiveTheSameLogits) {
     }
     ASSERT_EQ(logits[0].size(), logits[1].size());
     EXPECT_EQ(0, std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * 4)) << kv_storage_name(st);
+    ASSERT_EQ(logits[0].size(), logits[2].size());
+    EXPECT_EQ(0, std::memcmp(logits[0].data(), logits[2].data(), logits[0].size() * 4))
+        << kv_storage_name(st) << " with the prefetch";
   }
 }
 

@@ -52,6 +52,7 @@ struct Case {
   // How the decode kernels merge their splits (cluster: in distributed shared
   // memory when a step has 2..16 splits; global: always through global memory).
   Tuning::AttnMerge merge = Tuning::AttnMerge::cluster;
+  bool prefetch = false;  // Tuning::attn_prefetch
 };
 
 const char* decode_name(Tuning::DecodeAttn d) {
@@ -142,6 +143,7 @@ class Runner {
     t.prefill_attn = c.prefill;
     t.decode_attn = c.decode;
     t.attn_merge = c.merge;
+    t.attn_prefetch = c.prefetch;
     ws_.tune(t);
     KVGRAPH_CUDA_CHECK(cudaMemset(k_pool_.data(), 0xff, k_pool_.bytes()));  // NaN everywhere
     KVGRAPH_CUDA_CHECK(cudaMemset(v_pool_.data(), 0xff, v_pool_.bytes()));
@@ -764,7 +766,8 @@ TEST(CudaAttention, SeveralQueryStepsAreOneTokenStepsBitwise) {
 // the number of active splits grows from 1 to 16 (flat pools) or stays put
 // (a ring that wrapped), for one-token and several-query steps, over f32 and
 // 16-bit pools, head dims 64-256, the fast and the staged kernel. Both match
-// the reference too.
+// the reference too. The same for the L1 prefetch of the first tile's rows
+// (Tuning::attn_prefetch) against none.
 TEST(CudaAttention, ClusterAndGlobalSplitMergesGiveTheSameBits) {
   SKIP_WITHOUT_GPU();
   for (DType storage : {DType::F32, DType::BF16})
@@ -781,20 +784,26 @@ TEST(CudaAttention, ClusterAndGlobalSplitMergesGiveTheSameBits) {
           c.max_splits = 16;
           c.min_chunk = 4;
           c.decode = mode;
-          Case g = c;
+          Case g = c, f = c;
           g.merge = Tuning::AttnMerge::global;
-          Runner rc(c), rg(g);
+          f.prefetch = true;
+          Runner rc(c), rg(g), rf(f);
           uint32_t seed = 11;
           auto same_step = [&](int T) {
-            const double ec = rc.step(T, seed), eg = rg.step(T, seed);
+            const double ec = rc.step(T, seed), eg = rg.step(T, seed), ef = rf.step(T, seed);
             ++seed;
             EXPECT_LT(ec, kTol) << describe(c);
             EXPECT_LT(eg, kTol) << describe(g);
+            EXPECT_LT(ef, kTol) << describe(f);
             const auto& a = rc.last_output();
             const auto& b = rg.last_output();
+            const auto& p = rf.last_output();
             ASSERT_EQ(a.size(), b.size());
+            ASSERT_EQ(a.size(), p.size());
             ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * 4))
                 << describe(c) << " at length " << rc.length() << ", step of " << T;
+            ASSERT_EQ(0, std::memcmp(a.data(), p.data(), a.size() * 4))
+                << describe(c) << " with the prefetch, at length " << rc.length() << ", step of " << T;
           };
           same_step(1);
           for (int i = 0; i < 66; ++i) same_step(i % 11 == 5 ? 3 : 1);

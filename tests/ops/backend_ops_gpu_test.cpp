@@ -17,6 +17,7 @@
 
 #include "kvgraph/cache/sequence_cache.h"
 #include "kvgraph/ops.h"
+#include "kvgraph/quant.h"
 #include "kvgraph/stream.h"
 
 using namespace kvgraph;
@@ -74,20 +75,46 @@ void report(const char* suite, int before) { std::printf("[backend-ops] %s: %d c
 TEST(BackendOps, Embedding) {
   SKIP_WITHOUT_GPU();
   const int before = g_cases;
-  for (DType dt : {DType::F32, DType::BF16})
-    for (int T : {1, 7}) {
-      compare("embedding " + std::string(dtype_name(dt)) + " T=" + std::to_string(T), 1e-6,
-              [&](Stream& s, Device d) {
-                const int V = 300, D = 96;
-                Tensor table = make(randn(size_t(V) * D, 1), {V, D}, d, dt);
-                std::vector<int32_t> id(T);
-                for (int t = 0; t < T; ++t) id[t] = (t * 37 + 5) % V;
-                Tensor ids = Tensor::from_host(id.data(), {T}, DType::I32, d);
-                Tensor out = Tensor::zeros({T, D}, DType::F32, d);
-                ops::embedding(s, table, ids, out, 1.7f);
-                return out.to_f32_vector();
-              });
-    }
+  // D = 2112: rows of several blocks (256 values a block), the last partial.
+  for (int D : {96, 2112})
+    for (DType dt : {DType::F32, DType::BF16})
+      for (int T : {1, 7}) {
+        compare("embedding " + std::string(dtype_name(dt)) + " D=" + std::to_string(D) + " T=" + std::to_string(T),
+                1e-6, [&](Stream& s, Device d) {
+                  const int V = 300;
+                  Tensor table = make(randn(size_t(V) * D, 1), {V, D}, d, dt);
+                  std::vector<int32_t> id(T);
+                  for (int t = 0; t < T; ++t) id[t] = (t * 37 + 5) % V;
+                  Tensor ids = Tensor::from_host(id.data(), {T}, DType::I32, d);
+                  Tensor out = Tensor::zeros({T, D}, DType::F32, d);
+                  ops::embedding(s, table, ids, out, 1.7f);
+                  return out.to_f32_vector();
+                });
+      }
+  // Quantized tables (affine groups of 64, 4 and 8 bits).
+  for (int D : {128, 2112})
+    for (int bits : {4, 8})
+      for (int T : {1, 7}) {
+        compare("embedding int" + std::to_string(bits) + " D=" + std::to_string(D) + " T=" + std::to_string(T), 1e-6,
+                [&](Stream& s, Device d) {
+                  const int V = 300, group = 64;
+                  const std::vector<float> w = randn(size_t(V) * D, 2);
+                  std::vector<uint32_t> words(size_t(V) * D * bits / 32);
+                  std::vector<float> sc(size_t(V) * D / group), bi(sc.size());
+                  affine_quantize(w.data(), V, D, bits, group, words.data(), sc.data(), bi.data());
+                  Weight table;
+                  table.w = Tensor::from_host(words.data(), {V, D * bits / 32}, DType::U32, d);
+                  table.scales = make(sc, {V, D / group}, d);
+                  table.biases = make(bi, {V, D / group}, d);
+                  table.format = {.bits = bits, .group = group};
+                  std::vector<int32_t> id(T);
+                  for (int t = 0; t < T; ++t) id[t] = (t * 37 + 5) % V;
+                  Tensor ids = Tensor::from_host(id.data(), {T}, DType::I32, d);
+                  Tensor out = Tensor::zeros({T, D}, DType::F32, d);
+                  ops::embedding(s, table, ids, out, 1.7f);
+                  return out.to_f32_vector();
+                });
+      }
   report("embedding", before);
 }
 

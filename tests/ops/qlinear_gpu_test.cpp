@@ -9,6 +9,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "kvgraph/error.h"
 #include "kvgraph/tuning.h"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/qgemm.h"
 #include "support/cuda_test_util.h"
 
 namespace kvgraph::cuda {
@@ -59,12 +61,14 @@ struct QWeights {
 
 enum class Epi { none, bias, residual, gated };
 
-void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvShape shape, GemmContext* gemm,
-           double tol, bool int8_x = false, bool qstream = true, std::array<int, 3> ring = {0, 0, 0}) {
+// Runs the product, checks it against the reference within tol and returns it.
+std::vector<float> check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvShape shape,
+                         GemmContext* gemm, double tol, bool int8_x = false, bool qstream = true,
+                         std::array<int, 3> ring = {0, 0, 0}, int qmma_tokens = LinearParams{}.qmma_tokens) {
   SCOPED_TRACE(testing::Message() << "T=" << T << " N=" << N << " K=" << K << " bits=" << bits << " group=" << group
                                   << " epi=" << int(epi) << " norm=" << norm << " shape=" << int(shape)
                                   << " int8_x=" << int8_x << " qstream=" << qstream << " ring=" << ring[0] << "x"
-                                  << ring[1] << "x" << ring[2]);
+                                  << ring[1] << "x" << ring[2] << " qmma_tokens=" << qmma_tokens);
   QWeights w(N, K, bits, group, 7 + N + K + bits);
   auto x = randn(size_t(T) * K, 11 + K);
   auto g = randn(K, 13 + K, 0.3f);
@@ -96,6 +100,7 @@ void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvSha
   p.qring_chunk = ring[0];
   p.qring_stages = ring[1];
   p.qring_blocks = ring[2];
+  p.qmma_tokens = qmma_tokens;
   if (norm) p.norm = dg.as<float>();
   linear(p, gemm, nullptr);
   const auto got = to_host<float>(out, n_out);
@@ -132,6 +137,7 @@ void check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvSha
     want[i] = float(gt / (1.0 + std::exp(-gt)) * y[t * N + 2 * f + 1]);
   }
   EXPECT_LT(norm_err(got, want), tol);
+  return got;
 }
 
 TEST_F(CudaQuantLinear, GemvMatchesDequantisedReferenceInEveryShape) {
@@ -217,13 +223,54 @@ TEST_F(CudaQuantLinear, MultiTokenGemvMatchesDequantisedReference) {
 TEST_F(CudaQuantLinear, PrefillDequantisesSlabsForCublas) {
   GemmContext gemm;
   const int T = kMaxGemvTokens + 1;
+  const auto slabs = GemvShape::automatic;
   for (int bits : {4, 8}) {
-    check(T, 70, 384, bits, 32, Epi::none, false, GemvShape::automatic, &gemm, 1e-2);
-    check(T + 3, 96, 512, bits, 64, Epi::gated, true, GemvShape::automatic, &gemm, 1e-2);
-    check(16, 64, 1024, bits, 128, Epi::residual, false, GemvShape::automatic, &gemm, 1e-2);
-    // More rows than one slab (32M values / K): N = 8400 at K = 4096 is two slabs.
-    check(T, 8400, 4096, bits, 64, Epi::bias, false, GemvShape::automatic, &gemm, 1e-2);
+    check(T, 70, 384, bits, 32, Epi::none, false, slabs, &gemm, 1e-2, false, true, {0, 0, 0}, 0);
+    check(T + 3, 96, 512, bits, 64, Epi::gated, true, slabs, &gemm, 1e-2, false, true, {0, 0, 0}, 0);
+    check(16, 64, 1024, bits, 128, Epi::residual, false, slabs, &gemm, 1e-2, false, true, {0, 0, 0}, 0);
+    // Shapes the fused kernel does not take go to the slabs by themselves:
+    // K not a whole number of its stages of 64, more tokens than it takes
+    // (by default, and at all).
+    check(T, 40, 96, bits, 32, Epi::residual, true, slabs, &gemm, 1e-2);
+    check(LinearParams{}.qmma_tokens + 1, 24, 128, bits, 32, Epi::bias, false, slabs, &gemm, 1e-2);
+    check(kQGemmMaxTokens + 8, 24, 128, bits, 32, Epi::bias, false, slabs, &gemm, 1e-2, false, true, {0, 0, 0},
+          kQGemmMaxTokens + 8);
+    // More rows than one slab (32M values / K): N = 8400 at K = 4128 is two slabs.
+    check(T, 8400, 4128, bits, 32, Epi::bias, false, slabs, &gemm, 1e-2);
   }
+}
+
+// The fused tensor-core kernel (qgemm.cu) against the reference, and against
+// the slab path (cuBLAS on the same bf16 values: only the order of the f32
+// sums differs), over partial token and row tiles, every epilogue, split and
+// unsplit K; twice, bitwise the same.
+TEST_F(CudaQuantLinear, PrefillFusedKernelMatchesTheSlabsAndTheReference) {
+  GemmContext gemm;
+  struct Case {
+    int T, N, K, group;
+    Epi epi;
+    bool norm;
+  };
+  const Case cases[] = {
+      {kMaxGemvTokens + 1, 70, 384, 32, Epi::none, false},  // one n-tile and a token, rows past N
+      {64, 200, 512, 64, Epi::gated, true},                 // a whole token tile, gate, norm
+      {65, 136, 1024, 128, Epi::residual, false},           // a second token tile of one token
+      {130, 96, 4096, 64, Epi::bias, false},                // K split (a small grid), three token tiles
+      {17, 4096, 2112, 32, Epi::residual, true},            // 33 stages: K not split; 32 row blocks
+  };
+  for (int bits : {4, 8})
+    for (const Case& c : cases) {
+      const auto fused = check(c.T, c.N, c.K, bits, c.group, c.epi, c.norm, GemvShape::automatic, &gemm, 1e-2,
+                               false, true, {0, 0, 0}, kQGemmMaxTokens);
+      const auto again = check(c.T, c.N, c.K, bits, c.group, c.epi, c.norm, GemvShape::automatic, &gemm, 1e-2,
+                               false, true, {0, 0, 0}, kQGemmMaxTokens);
+      const auto slabs = check(c.T, c.N, c.K, bits, c.group, c.epi, c.norm, GemvShape::automatic, &gemm, 1e-2,
+                               false, true, {0, 0, 0}, 0);
+      SCOPED_TRACE(testing::Message() << "T=" << c.T << " N=" << c.N << " K=" << c.K << " bits=" << bits);
+      EXPECT_LT(norm_err(fused, slabs), 2e-5);
+      ASSERT_EQ(fused.size(), again.size());
+      EXPECT_EQ(std::memcmp(fused.data(), again.data(), fused.size() * 4), 0);
+    }
 }
 
 TEST_F(CudaQuantLinear, RejectsBadFormats) {

@@ -12,19 +12,20 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
   const Tuning t =
-      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,attn-merge=global,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy");
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,attn-merge=global,attn-prefetch=on,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::legacy);
   EXPECT_EQ(t.attn_heads, 2);
   EXPECT_EQ(t.attn_chunk, 64);
   EXPECT_EQ(t.attn_merge, Tuning::AttnMerge::global);
+  EXPECT_TRUE(t.attn_prefetch);
   EXPECT_FALSE(t.programmatic_launch);
   EXPECT_FALSE(t.quantized_int8_x);
   EXPECT_FALSE(t.quantized_stream);
@@ -53,7 +54,7 @@ TEST(Tuning, EveryGemvAndMultiNameParsesToItsValue) {
   for (auto [name, g] : {std::pair{"auto", G::automatic}, {"block2", G::block2}, {"warp2", G::warp2}, {"warp4", G::warp4}})
     EXPECT_EQ(Tuning::parse(std::string("gemv=") + name).gemv, g) << name;
   for (auto [name, m] : {std::pair{"auto", M::automatic}, {"r8u2", M::r8u2}, {"r4u2", M::r4u2}, {"r8u1", M::r8u1},
-                         {"r4u4", M::r4u4}, {"p4u2", M::p4u2}, {"p2u4", M::p2u4}, {"p8u1", M::p8u1}})
+                         {"r4u4", M::r4u4}, {"p4u2", M::p4u2}, {"p2u4", M::p2u4}, {"p8u1", M::p8u1}, {"h8u1", M::h8u1}, {"h4u2", M::h4u2}, {"h4u1", M::h4u1}, {"s8x3", M::s8x3}, {"s4x4", M::s4x4}, {"s4x6", M::s4x6}})
     EXPECT_EQ(Tuning::parse(std::string("mt=") + name).multi, m) << name;
 }
 
@@ -99,11 +100,12 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   for (const char* bad : {"qring=", "qring=64", "qring=64x", "qring=64x5", "qring=96x4", "qring=64x4x0", "qring=64x4x9",
                           "qring=64x4x-1", "qring=64x4x2x1", "qring=128x3", "qring=x4", "qring=64y4", "qring=64x4 ", "qring=fast"})
     expect_error(bad, (std::string(bad) + ": expected auto, CxS or CxSxB").c_str());
-  expect_error("mt=r16u1", "mt=r16u1: expected auto, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4 or p8u1");
+  expect_error("mt=r16u1", "mt=r16u1: expected auto, r8u2, r4u2, r8u1, r4u4, p4u2, p2u4, p8u1, h8u1, h4u2, h4u1, s8x3, s4x4 or s4x6");
   expect_error("mt=", "mt=: expected auto");
   expect_error("prefill-attn=fast", "prefill-attn=fast");
   expect_error("attn-merge=atomic", "attn-merge=atomic: expected cluster or global");
-  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, pdl, qx, qgemv, qring, mt, prefill-attn)");
+  expect_error("attn-prefetch=yes", "attn-prefetch=yes: expected on or off");
+  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn)");
   expect_error("gemv", "expected key=value");
 }
 

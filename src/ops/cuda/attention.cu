@@ -26,6 +26,7 @@
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kv_codec.cuh"
+#include "ops/cuda/mma.cuh"
 
 namespace kvgraph::cuda {
 namespace {
@@ -76,6 +77,7 @@ struct AttnArgs {
   int group_slots;     // ... and group counters a (kv head, head group)
   bool fused_write;  // T == 1: this kernel writes the new row; reads of it use k/v directly
   bool cluster_merge;  // decode_kernel(_q): the splits are one cluster and merge in shared memory (merge_cluster)
+  bool prefetch;       // decode_kernel(_q): prefetch_rows of the first tile before the prologue (Tuning::attn_prefetch)
   const float* q_norm;
   const float* k_norm;
   float norm_eps;
@@ -609,52 +611,6 @@ struct FlashShape {
   static constexpr size_t kSmem = size_t(kFlashBQ + 4 * BKV) * LD * 2;
 };
 
-template <typename S> struct Mma;
-template <> struct Mma<detail::bf16> {
-  // (lo, hi) -> two rounded values in one register, lo in the low half.
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi, float& sum) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    sum += __low2float(h) + __high2float(h);
-    uint32_t u;
-    memcpy(&u, &h, 4);
-    return u;
-  }
-  static __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-template <> struct Mma<detail::f16> {
-  static __device__ __forceinline__ uint32_t pack(float lo, float hi, float& sum) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    sum += __low2float(h) + __high2float(h);
-    uint32_t u;
-    memcpy(&u, &h, 4);
-    return u;
-  }
-  static __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-};
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
 // Two stages of tiles: tile it + 1's copies go out (load_tile commits them),
 // then the block waits for tile it's.
 template <typename F>
@@ -1125,6 +1081,26 @@ __host__ __device__ constexpr int staged_ld(int D) { return D + 8 * (kThreads / 
 // Bytes of the two stages of K and V tiles (16-bit).
 __host__ __device__ constexpr size_t staged_tile_bytes(int D) { return size_t(4) * staged_keys(D) * staged_ld(D) * 2; }
 
+// Asks L1 for the first tile's pool rows before the decode prologue, so
+// they arrive while its norms and RoPE run: the rows of keys [c0, c0 + n)
+// of one pool (`row_bytes` a row), the fresh key p excepted (another block
+// may be writing it), one 128-byte line a prefetch, spread over the block.
+// Nothing is held in registers (loading the rows into registers instead
+// cost the 8B step at 512 keys 8-21%: 95 -> 164 registers, fewer blocks an
+// SM; bench/results/h200-2026-12-07-session19-decode-loads.md). The later
+// loads read the same addresses, so the sums are unchanged.
+__device__ __forceinline__ void prefetch_rows(const SlotRule& rule, int32_t c0, int n, int32_t p, const void* pool,
+                                              int row_bytes) {
+  const int lines = (row_bytes + 127) / 128;
+  for (int idx = threadIdx.x; idx < n * lines; idx += kThreads) {
+    const int i = idx / lines;
+    if (c0 + i == p) continue;
+    const uint8_t* line = static_cast<const uint8_t*>(pool) + size_t(slot_of(rule, c0 + i)) * row_bytes +
+                          (idx - i * lines) * 128;
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(line));
+  }
+}
+
 template <typename S, int kMaxG, bool kMulti, bool kStaged = false>
 __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   extern __shared__ __align__(16) float smem[];
@@ -1148,6 +1124,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(AttnArgs<S> a) {
   if (threadIdx.x < kMaxG) {
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
+  }
+  if (!kStaged && a.prefetch) {
+    const int n = min(kTile, c1 - c0);
+    prefetch_rows(a.rule, c0, n, p, kp, D * int(sizeof(S)));
+    prefetch_rows(a.rule, c0, n, p, vp, D * int(sizeof(S)));
   }
   decode_prologue<S, kMaxG>(a, hs, b);
   if (!kMulti && split == 0 && zg == 0) store_row(a, h, p, k_s, v_s);
@@ -1789,6 +1770,13 @@ __global__ void __launch_bounds__(kThreads) decode_kernel_q(AttnArgs<detail::QKV
   if (threadIdx.x < kMaxG) {
     m_run[threadIdx.x] = -INFINITY;
     l_run[threadIdx.x] = 0.f;
+  }
+  if (a.prefetch) {
+    const int n = min(kTile, c1 - c0);
+    prefetch_rows(a.rule, c0, n, p, kc, a.k_code_row);
+    prefetch_rows(a.rule, c0, n, p, vc, a.v_code_row);
+    prefetch_rows(a.rule, c0, n, p, ka, a.k_aux_row);
+    prefetch_rows(a.rule, c0, n, p, va, a.v_aux_row);
   }
   decode_prologue<S, kMaxG>(a, hs, b);
   detail::quantize_row_block<KS>(k_s, D, a.k_group, kq_s, kqa_s, kparams_s);
@@ -2572,6 +2560,7 @@ void launch_decode_grid(K one, K multi, size_t smem, AttnArgs<S> a, int max_spli
   KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, one, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
   const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+  a.prefetch = ws.tuning().attn_prefetch;
   a.cluster_merge = clustered && ws.tuning().attn_merge == Tuning::AttnMerge::cluster && splits > 1 &&
                     splits <= Tuning::kMaxClusterSplits && cluster_fits(a.T == 1 ? one : multi, splits, smem);
   const dim3 cluster(1, a.cluster_merge ? splits : 1);

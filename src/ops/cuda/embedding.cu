@@ -10,18 +10,21 @@ __global__ void embedding_kernel(const W* __restrict__ table, int64_t vocab, con
                                  float scale, float* __restrict__ out) {
   detail::griddep_launch_dependents();
   detail::griddep_wait();
-  const int t = blockIdx.x;
+  const int t = blockIdx.x, d = blockIdx.y * blockDim.x + threadIdx.x;
+  if (d >= D) return;
   const int32_t id = ids[t];
   float* o = out + int64_t(t) * D;
   if (id < 0 || id >= vocab) {  // the host validates ids; never read out of bounds
-    for (int d = threadIdx.x; d < D; d += blockDim.x) o[d] = 0.f;
+    o[d] = 0.f;
     return;
   }
-  const W* row = table + int64_t(id) * D;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) o[d] = detail::to_f32(row[d]) * scale;
+  o[d] = detail::to_f32(table[int64_t(id) * D + d]) * scale;
 }
 
-// One block per token; thread d dequantises values d, d + blockDim, ... of its row.
+// Token blockIdx.x, values blockIdx.y * blockDim.x + threadIdx.x: one value
+// a thread, so a row costs one round trip to memory (one block a token,
+// looping over the row, took 8-10 us at D = 2048-4096 under ncu: a
+// dependent load chain at the head of every decode step).
 template <typename S, int kBits>
 __global__ void embedding_affine_kernel(const uint32_t* __restrict__ words, const S* __restrict__ scales,
                                         const S* __restrict__ biases, int group, int64_t vocab,
@@ -29,20 +32,21 @@ __global__ void embedding_affine_kernel(const uint32_t* __restrict__ words, cons
                                         float scale, float* __restrict__ out) {
   detail::griddep_launch_dependents();
   detail::griddep_wait();
-  const int t = blockIdx.x;
+  const int t = blockIdx.x, d = blockIdx.y * blockDim.x + threadIdx.x;
+  if (d >= D) return;
   const int32_t id = ids[t];
   float* o = out + int64_t(t) * D;
   if (id < 0 || id >= vocab) {
-    for (int d = threadIdx.x; d < D; d += blockDim.x) o[d] = 0.f;
+    o[d] = 0.f;
     return;
   }
   const uint32_t* row = words + int64_t(id) * (D / (32 / kBits));
-  const int groups = D / group;
-  for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    const int64_t g = int64_t(id) * groups + d / group;
-    o[d] = affine_value(detail::to_f32(scales[g]), affine_code(row, d, kBits), detail::to_f32(biases[g])) * scale;
-  }
+  const int64_t g = int64_t(id) * (D / group) + d / group;
+  o[d] = affine_value(detail::to_f32(scales[g]), affine_code(row, d, kBits), detail::to_f32(biases[g])) * scale;
 }
+
+constexpr int kEmbThreads = 256;
+dim3 embedding_grid(int T, int D) { return dim3(T, (D + kEmbThreads - 1) / kEmbThreads); }
 
 }  // namespace
 
@@ -54,7 +58,7 @@ void embedding_affine(const AffineTable& table, int64_t vocab, const int32_t* id
   dispatch_weight(table.scale_dtype, "embedding", [&](auto tag) {
     using S = decltype(tag);
     auto go = [&](auto kernel) {
-      launch(kernel, dim3(T), dim3(D >= 1024 ? 256 : 128), 0, stream, table.words, static_cast<const S*>(table.scales),
+      launch(kernel, embedding_grid(T, D), dim3(kEmbThreads), 0, stream, table.words, static_cast<const S*>(table.scales),
              static_cast<const S*>(table.biases), table.group, vocab, ids, D, scale, out);
     };
     if (table.bits == 4)
@@ -69,7 +73,7 @@ void embedding(const void* table, DType table_dtype, int64_t vocab, const int32_
   if (T < 0 || D <= 0 || vocab <= 0) fail_op("embedding", "bad shape");
   dispatch_weight(table_dtype, "embedding", [&](auto tag) {
     using W = decltype(tag);
-    launch(embedding_kernel<W>, dim3(T), dim3(D >= 1024 ? 256 : 128), 0, stream, static_cast<const W*>(table),
+    launch(embedding_kernel<W>, embedding_grid(T, D), dim3(kEmbThreads), 0, stream, static_cast<const W*>(table),
            vocab, ids, D, scale, out);
   });
 }

@@ -187,6 +187,13 @@ struct LinearParams {
   bool qstream = true;
   // Its ring (Tuning::qring_*): chunk 0 is automatic (kAutoQRing in linear.cu).
   int qring_chunk = 0, qring_stages = 0, qring_blocks = 0;
+  // kMaxGemvTokens < T <= qmma_tokens on quantized weights: the fused
+  // tensor-core kernel (qgemm.h) where the shape fits (qmma_tokens at most
+  // kQGemmMaxTokens); longer steps, other shapes and qmma_tokens = 0
+  // dequantise slabs of rows to bf16 for cuBLAS. The default is the longest
+  // step measured faster than the slabs (H100, 2026-12-07: 2.6x at 64 tokens
+  // on the llama3.1-8b shape, 0.6x at 512).
+  int qmma_tokens = 64;
 };
 
 // Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.

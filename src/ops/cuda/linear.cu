@@ -12,9 +12,11 @@
 #include <cstdlib>
 #include <iterator>
 #include <string>
+#include <type_traits>
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/qgemm.h"
 
 namespace kvgraph::cuda {
 namespace {
@@ -147,6 +149,16 @@ __device__ __forceinline__ float dot16_h(uint4 w, const float (&h)[4], float acc
   acc = fmaf(__uint_as_float(w.z), h[2], acc);
   acc = fmaf(__uint_as_float(w.w), h[3], acc);
   return acc;
+}
+
+// 16 bytes of bf16 weights as f32, in element order (dot16_h's products).
+__device__ __forceinline__ void widen16(uint4 w, float (&f)[8], detail::bf16) {
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(u[i] << 16);
+    f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+  }
 }
 
 // Token t's finished row sums (acc[0 .. kRows), the norm's sum of squares ss):
@@ -331,6 +343,38 @@ __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
   }
 }
 
+// The end of a several-token block's work (kBlock threads on kRows rows):
+// finish_rows' sums for all tokens at once, warp sums then the warps in
+// order, one __syncthreads, then one thread a token stores its rows.
+template <typename W, bool kNorm, int kRows, int kT>
+__device__ __forceinline__ void finish_tokens(const GemvArgs<W>& a, int n0, float (&acc)[kT][kRows], float (&ss)[kT]) {
+  constexpr int kWarps = kBlock / 32;
+  __shared__ float red[kT][kWarps][kRows + 1];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int t = 0; t < kT; ++t) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[t][r] = detail::warp_sum(acc[t][r]);
+    if constexpr (kNorm) ss[t] = detail::warp_sum(ss[t]);
+    if (lane == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) red[t][warp][r] = acc[t][r];
+      red[t][warp][kRows] = ss[t];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x >= kT) return;
+  const int t = threadIdx.x;
+  float sum[kRows + 1];
+#pragma unroll
+  for (int r = 0; r <= kRows; ++r) {
+    sum[r] = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum[r] += red[t][w][r];
+  }
+  store_rows<W, kNorm, kRows>(a, t, n0, sum, sum[kRows]);
+}
+
 // Several tokens (exactly kT), long rows: the whole block on kRows rows, as
 // the one-token block2 shape sums them (thread i takes vectors i, i + kBlock,
 // ... in order; warps reduced in order), so every token's row is bitwise the
@@ -339,12 +383,14 @@ __global__ void __launch_bounds__(kBlock) gemv_scalar_kernel(GemvArgs<W> a) {
 // the current ones run: with T tokens the compute phase is long enough to
 // drain the memory pipe otherwise), the accumulators are sized for exactly
 // kT tokens, and all tokens share one __syncthreads for the cross-warp sums.
-template <typename W, int kUnroll, bool kNorm, int kRows, int kT>
+// kOnce: each weight vector is widened to f32 once for all T tokens (and the
+// norm's g_add + g once per vector) instead of once per token: the widening
+// was as many integer ops as there are FMAs. Same FMAs in the same order.
+template <typename W, int kUnroll, bool kNorm, int kRows, int kT, bool kOnce = false>
 __global__ void __launch_bounds__(kBlock) gemv_tokens_kernel(GemvArgs<W> a) {
   static_assert(kRows % 2 == 0, "rows come in (gate, up) pairs");
   constexpr int kVE = 16 / sizeof(W);
   constexpr int kStep = kBlock * kUnroll;  // vectors a row per batch
-  constexpr int kWarps = kBlock / 32;
   const int tig = threadIdx.x;
   const int n0 = blockIdx.x * kRows;
   const int nvec = a.K / kVE;
@@ -368,8 +414,40 @@ __global__ void __launch_bounds__(kBlock) gemv_tokens_kernel(GemvArgs<W> a) {
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = base + u * kBlock + tig;
       if (vi >= nvec) break;
+      if constexpr (kOnce) {
+        float wf[kRows][kVE];
 #pragma unroll
-      for (int t = 0; t < kT; ++t) g.template token<kNorm>(a, t, vi, &wv[0][u], kUnroll);
+        for (int r = 0; r < kRows; ++r) widen16(wv[r][u], wf[r], W{});
+        float gg[kVE];
+        if constexpr (kNorm) {
+          const float* gp = a.norm + size_t(vi) * kVE;
+#pragma unroll
+          for (int i = 0; i < kVE; ++i) gg[i] = a.norm_add + gp[i];
+        }
+#pragma unroll
+        for (int t = 0; t < kT; ++t) {
+          const float* xt = a.x + size_t(t) * a.K + size_t(vi) * kVE;
+          float h[kVE];
+#pragma unroll
+          for (int i = 0; i < kVE; i += 4) {
+            const float4 xv = *reinterpret_cast<const float4*>(xt + i);
+            h[i] = xv.x, h[i + 1] = xv.y, h[i + 2] = xv.z, h[i + 3] = xv.w;
+          }
+          if constexpr (kNorm) {  // load_normed's sums and products
+#pragma unroll
+            for (int i = 0; i < kVE; ++i) ss[t] = fmaf(h[i], h[i], ss[t]);
+#pragma unroll
+            for (int i = 0; i < kVE; ++i) h[i] *= gg[i];
+          }
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int i = 0; i < kVE; ++i) acc[t][r] = fmaf(wf[r][i], h[i], acc[t][r]);
+        }
+      } else {
+#pragma unroll
+        for (int t = 0; t < kT; ++t) g.template token<kNorm>(a, t, vi, &wv[0][u], kUnroll);
+      }
     }
   };
   uint4 wa[kRows][kUnroll], wb[kRows][kUnroll];
@@ -383,47 +461,97 @@ __global__ void __launch_bounds__(kBlock) gemv_tokens_kernel(GemvArgs<W> a) {
     compute(wb, base + kStep);
   }
 
-  // finish_rows' sums, all tokens at once: warp sums, then the warps in order.
-  __shared__ float red[kT][kWarps][kRows + 1];
-  const int warp = tig / 32, lane = tig % 32;
-#pragma unroll
-  for (int t = 0; t < kT; ++t) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) acc[t][r] = detail::warp_sum(acc[t][r]);
-    if constexpr (kNorm) ss[t] = detail::warp_sum(ss[t]);
-    if (lane == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) red[t][warp][r] = acc[t][r];
-      red[t][warp][kRows] = ss[t];
-    }
-  }
-  __syncthreads();
-  if (tig >= kT) return;
-  const int t = tig;  // one thread a token
-  float sum[kRows + 1];
-#pragma unroll
-  for (int r = 0; r <= kRows; ++r) {
-    sum[r] = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum[r] += red[t][w][r];
-  }
-  store_rows<W, kNorm, kRows>(a, t, n0, sum, sum[kRows]);
+  finish_tokens<W, kNorm, kRows, kT>(a, n0, acc, ss);
 }
 
-template <typename W, bool kNorm, int kUnroll, int kRows>
-void launch_gemv_tokens(const GemvArgs<W>& a, Launch stream) {
-  auto go = [&](auto kernel) { launch(kernel, dim3(ceil_div(a.N, kRows)), dim3(kBlock), 0, stream, a); };
-  switch (a.T) {
-    case 2: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 2>); break;
-    case 3: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 3>); break;
-    case 4: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 4>); break;
-    case 5: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 5>); break;
-    case 6: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 6>); break;
-    case 7: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, 7>); break;
-    default: go(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, kMaxGemvTokens>); break;
+// f(std::integral_constant<int, T>) for a step of T = 2..kMaxGemvTokens
+// tokens: the kernels are compiled for each token count.
+template <typename F>
+void with_token_count(int T, F&& f) {
+  switch (T) {
+    case 2: f(std::integral_constant<int, 2>{}); break;
+    case 3: f(std::integral_constant<int, 3>{}); break;
+    case 4: f(std::integral_constant<int, 4>{}); break;
+    case 5: f(std::integral_constant<int, 5>{}); break;
+    case 6: f(std::integral_constant<int, 6>{}); break;
+    case 7: f(std::integral_constant<int, 7>{}); break;
+    default: f(std::integral_constant<int, kMaxGemvTokens>{}); break;
   }
 }
-static_assert(kMaxGemvTokens == 8, "launch_gemv_tokens has a case per token count");
+static_assert(kMaxGemvTokens == 8, "with_token_count has a case per token count");
+
+template <typename W, bool kNorm, int kUnroll, int kRows, bool kOnce = false>
+void launch_gemv_tokens(const GemvArgs<W>& a, Launch stream) {
+  with_token_count(a.T, [&](auto kt) {
+    launch(gemv_tokens_kernel<W, kUnroll, kNorm, kRows, decltype(kt)::value, kOnce>, dim3(ceil_div(a.N, kRows)),
+           dim3(kBlock), 0, stream, a);
+  });
+}
+
+// gemv_tokens_kernel's sums with the weights streamed through shared memory:
+// batch b (vector b * kBlock + tig of each of the kRows rows) goes by
+// cp.async into stage b % kStages, kStages - 1 batches in flight while one
+// computes, so the loads in flight no longer cost registers (p8u1 holds two
+// batches in 236 registers at T = 5: two blocks an SM). Each thread reads
+// back only the slots it copied itself: no barrier in the loop. The first
+// batches are requested before the PDL wait.
+template <typename W, bool kNorm, int kRows, int kT, int kStages>
+__global__ void __launch_bounds__(kBlock) gemv_tokens_ring_kernel(GemvArgs<W> a) {
+  static_assert(kRows % 2 == 0, "rows come in (gate, up) pairs");
+  constexpr int kVE = 16 / sizeof(W);
+  extern __shared__ __align__(16) unsigned char smem[];
+  uint4* ring = reinterpret_cast<uint4*>(smem);  // [kStages][kRows][kBlock]
+  const int tig = threadIdx.x;
+  const int n0 = blockIdx.x * kRows;
+  const int nvec = a.K / kVE, batches = (nvec + kBlock - 1) / kBlock;
+  GemvRows<W, kRows, kT> g(a, n0);
+  const uint64_t pol = evict_first_policy();
+  auto load = [&](int b) {  // always one commit group
+    if (b < batches) {
+      const int vi = b * kBlock + tig;
+      uint4* st = ring + (b % kStages) * kRows * kBlock;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        cp_async16(smem_addr(st + r * kBlock + tig), g.wr[r] + (vi < nvec ? vi : 0), g.ok[r] && vi < nvec, pol);
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int b = 0; b < kStages - 1; ++b) load(b);
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  for (int b = 0; b < batches; ++b) {
+    load(b + kStages - 1);
+    cp_async_wait<kStages - 1>();
+    const int vi = b * kBlock + tig;
+    if (vi < nvec) {
+      const uint4* st = ring + (b % kStages) * kRows * kBlock;
+      uint4 wv[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) wv[r] = st[r * kBlock + tig];
+#pragma unroll
+      for (int t = 0; t < kT; ++t) g.template token<kNorm>(a, t, vi, wv, 1);
+    }
+  }
+  cp_async_wait<0>();
+  finish_tokens<W, kNorm, kRows, kT>(a, n0, g.acc, g.ss);
+}
+
+template <typename W, bool kNorm, int kRows, int kT, int kStages>
+void launch_gemv_tokens_ring_as(const GemvArgs<W>& a, Launch stream) {
+  constexpr size_t kSmem = size_t(kStages) * kRows * kBlock * 16;
+  auto kernel = gemv_tokens_ring_kernel<W, kNorm, kRows, kT, kStages>;
+  static const bool opted_in = [&] {  // the ring plus the static reduction slots may pass 48 KB
+    KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    return true;
+  }();
+  (void)opted_in;
+  launch(kernel, dim3(ceil_div(a.N, kRows)), dim3(kBlock), kSmem, stream, a);
+}
+template <typename W, bool kNorm, int kRows, int kStages>
+void launch_gemv_tokens_ring(const GemvArgs<W>& a, Launch stream) {
+  with_token_count(a.T, [&](auto kt) { launch_gemv_tokens_ring_as<W, kNorm, kRows, decltype(kt)::value, kStages>(a, stream); });
+}
 
 // Several tokens: the T == 1 shape's threads per row group (kTPR), so each
 // row sums as it does alone; kRows rows a group (x is read once per group:
@@ -442,6 +570,12 @@ void launch_gemv_multi(const GemvArgs<W>& a, Tuning::Multi multi, Launch stream)
       case Tuning::Multi::p4u2: launch_gemv_tokens<W, kNorm, 2, 4>(a, stream); return;
       case Tuning::Multi::p2u4: launch_gemv_tokens<W, kNorm, 4, 2>(a, stream); return;
       case Tuning::Multi::p8u1: launch_gemv_tokens<W, kNorm, 1, 8>(a, stream); return;
+      case Tuning::Multi::h8u1: launch_gemv_tokens<W, kNorm, 1, 8, true>(a, stream); return;
+      case Tuning::Multi::h4u2: launch_gemv_tokens<W, kNorm, 2, 4, true>(a, stream); return;
+      case Tuning::Multi::h4u1: launch_gemv_tokens<W, kNorm, 1, 4, true>(a, stream); return;
+      case Tuning::Multi::s8x3: launch_gemv_tokens_ring<W, kNorm, 8, 3>(a, stream); return;
+      case Tuning::Multi::s4x4: launch_gemv_tokens_ring<W, kNorm, 4, 4>(a, stream); return;
+      case Tuning::Multi::s4x6: launch_gemv_tokens_ring<W, kNorm, 4, 6>(a, stream); return;
       default: break;
     }
   }
@@ -1276,6 +1410,7 @@ struct GemmContext::Impl {
   DeviceBuffer x_norm;  // f32 [T, K] (f32 weights with a norm prologue)
   DeviceBuffer y;       // f32 [T, N] (gated epilogue)
   DeviceBuffer w_bf16;  // bf16 [rows, K]: a slab of dequantised weights (quantized T > 1)
+  DeviceBuffer partials;  // f32 partial sums of the quantized GEMM's split K
 
   // Grows `buf` to `bytes`; not allowed while the stream is being captured.
   static void ensure(DeviceBuffer& buf, size_t bytes, Launch stream) {
@@ -1398,6 +1533,12 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
       launch(norm_rows_kernel<float>, dim3(p.T), dim3(norm_rows_threads(p.K)), 0, stream, p.x, p.norm, norm_add,
              p.norm_eps, g.x_norm.as<float>(), p.K);
       B = g.x_norm.data();
+    }
+    if (p.qbits && p.T <= p.qmma_tokens && qgemm_fits(p)) {
+      const size_t scratch = qgemm_scratch_bytes(p);
+      if (scratch) GemmContext::Impl::ensure(g.partials, scratch, stream);
+      qgemm(p, g.x_bf16.as<uint16_t>(), scratch ? g.partials.as<float>() : nullptr, stream);
+      return;
     }
     float* C = p.out;
     float beta = 0.f;
