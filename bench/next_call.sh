@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The next device call for branch wip/verify-ring (the fused tensor-core
-# GEMM for prefill on quantized weights, several-token GEMV variants for the
-# verify step, embedding over a grid, the attention prefetch switch). Carry build/carry_next.txz, made by
+# Session 21's device call for branch wip/verify-ring (now merged: the fused
+# tensor-core GEMM for prefill on quantized weights, several-token GEMV
+# variants, embedding over a grid, the attention prefetch switch); a
+# template for the next main-against-branch call. Carry build/carry_next.txz, made by
 #   bench/pack_carry.sh MAIN/kvgraph=kvgraph_base build/cuda-nc/kvgraph build/cuda-nc/kvgraph_gpu_tests
 # (both trees configured with -DCMAKE_CUDA_FLAGS=--no-compress so that
 # xz shares their fatbins), then: DL=420 bash bench/next_call.sh
