@@ -16,6 +16,7 @@
 
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/epilogue.cuh"
 #include "ops/cuda/qgemm.h"
 
 namespace kvgraph::cuda {
@@ -47,28 +48,6 @@ struct GemvArgs {
   float norm_eps;
   int T;  // tokens: x [T, K], out [T, N] ([T, N / 2] gated), residual [T, N]
 };
-
-// Rows n0 and n0 + 1 of token t are finished by one thread: bias, residual or gate.
-template <typename W>
-__device__ __forceinline__ void gemv_epilogue(const GemvArgs<W>& a, int t, int n0, float acc0, float acc1) {
-  const bool ok0 = n0 < a.N, ok1 = n0 + 1 < a.N;
-  float* out = a.out + size_t(t) * (a.gated ? a.N / 2 : a.N);
-  if (a.bias) {
-    if (ok0) acc0 += detail::to_f32(a.bias[n0]);
-    if (ok1) acc1 += detail::to_f32(a.bias[n0 + 1]);
-  }
-  if (a.gated) {  // N is even, n0 is even: both rows exist together
-    if (ok0) out[n0 / 2] = activate(acc0, a.act) * acc1;
-    return;
-  }
-  if (a.residual) {
-    const float* res = a.residual + size_t(t) * a.N;
-    if (ok0) acc0 += res[n0];
-    if (ok1) acc1 += res[n0 + 1];
-  }
-  if (ok0) out[n0] = acc0;
-  if (ok1) out[n0 + 1] = acc1;
-}
 
 // Weights stream through once per token: skip L1 and mark them evict-first in
 // L2 so activations stay resident.

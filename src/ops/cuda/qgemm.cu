@@ -22,9 +22,9 @@
 #include <mutex>
 
 #include "kvgraph/dtype.h"
-#include "kvgraph/scalar.h"
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/epilogue.cuh"
 #include "ops/cuda/mma.cuh"
 #include "ops/cuda/runtime.h"
 
@@ -65,29 +65,6 @@ struct QGemmArgs {
   bool gated;
   Activation act;
 };
-
-// Rows n and n + 1 of token t, finished: bias, then the gate or the residual.
-// (Gated: N is even and n even, so both rows exist.)
-template <typename S>
-__device__ __forceinline__ void finish_pair(const QGemmArgs<S>& a, int t, int n, float v0, float v1) {
-  const bool ok1 = n + 1 < a.N;
-  if (a.bias) {
-    v0 += detail::to_f32(a.bias[n]);
-    if (ok1) v1 += detail::to_f32(a.bias[n + 1]);
-  }
-  if (a.gated) {
-    a.out[size_t(t) * (a.N / 2) + n / 2] = activate(v0, a.act) * v1;
-    return;
-  }
-  if (a.residual) {
-    const float* res = a.residual + size_t(t) * a.N;
-    v0 += res[n];
-    if (ok1) v1 += res[n + 1];
-  }
-  float* out = a.out + size_t(t) * a.N;
-  out[n] = v0;
-  if (ok1) out[n + 1] = v1;
-}
 
 // Values k and k + 1 (k even) of a packed row in shared memory, dequantised
 // and rounded to bf16 as the slab path does, k in the low half.
@@ -236,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 2) qgemm_kernel(QGemmArgs<S> a) {
       p[0] = v0;
       if (n + 1 < a.N) p[1] = v1;
     } else {
-      finish_pair(a, tok, n, v0, v1);
+      gemv_epilogue(a, tok, n, v0, v1);
     }
   }
 }
@@ -258,7 +235,7 @@ __global__ void qgemm_reduce_kernel(QGemmArgs<S> a) {
     v0 += p[0];
     if (ok1) v1 += p[1];
   }
-  finish_pair(a, t, n, v0, v1);
+  gemv_epilogue(a, t, n, v0, v1);
 }
 
 // Splits of K: doubled while the grid is under two blocks an SM and each split
