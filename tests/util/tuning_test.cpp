@@ -12,14 +12,14 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash,qmma=auto");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
   const Tuning t =
-      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,attn-merge=global,attn-prefetch=on,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy");
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,attn-merge=global,attn-prefetch=on,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy,qmma=256");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::legacy);
   EXPECT_EQ(t.attn_heads, 2);
@@ -34,7 +34,11 @@ TEST(Tuning, EveryKeyParses) {
   EXPECT_EQ(t.qring_blocks, 2);
   EXPECT_EQ(t.multi, Tuning::Multi::r4u2);
   EXPECT_EQ(t.prefill_attn, Tuning::PrefillAttn::legacy);
+  EXPECT_EQ(t.qmma_tokens, 256);
   EXPECT_EQ(Tuning::parse(t.describe()), t);
+  EXPECT_EQ(Tuning::parse("qmma=0").qmma_tokens, 0);  // 0: always the slabs, not auto
+  EXPECT_NE(Tuning::parse("qmma=0"), Tuning{});
+  EXPECT_EQ(Tuning::parse("qmma=auto"), Tuning{});
   EXPECT_EQ(Tuning{}.prefill_attn, Tuning::PrefillAttn::flash);
   EXPECT_NE(Tuning::parse("prefill-attn=legacy"), Tuning{});
   EXPECT_EQ(Tuning::parse("prefill-attn=flash"), Tuning{});
@@ -105,7 +109,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   expect_error("prefill-attn=fast", "prefill-attn=fast");
   expect_error("attn-merge=atomic", "attn-merge=atomic: expected cluster or global");
   expect_error("attn-prefetch=yes", "attn-prefetch=yes: expected on or off");
-  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn)");
+  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn, qmma)");
   expect_error("gemv", "expected key=value");
 }
 

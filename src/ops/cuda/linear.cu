@@ -617,11 +617,7 @@ void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Tuning::Multi multi, Lau
 
 // ---------------------------------------------------------------- quantized weights, T <= kMaxGemvTokens
 
-// 2^23 as a float: for 0 <= v < 2^23, as_float(0x4B000000 | v) == 2^23 + v
-// exactly, so subtracting it gives v as a float in one FADD (no I2F).
-constexpr uint32_t kMagic = 0x4B000000u;
-constexpr float kMagicF = 8388608.f;
-__device__ __forceinline__ float magic(uint32_t bits) { return __uint_as_float(bits | kMagic) - kMagicF; }
+__device__ __forceinline__ float magic(uint32_t bits) { return detail::small_uint_to_f32(bits); }
 
 // dot(q, x) for the 32 (4-bit) or 16 (8-bit) quantized values of one 16-byte
 // vector, x: the matching f32 values (h, registers). Each value is converted

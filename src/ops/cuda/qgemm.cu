@@ -74,8 +74,15 @@ __device__ __forceinline__ uint32_t dequant_pair(const uint32_t* row, int k, flo
   constexpr uint32_t kMask = (1u << kBits) - 1;
   const uint32_t w = row[k / kPer];
   const int sh = (k % kPer) * kBits;
-  const float q0 = static_cast<float>((w >> sh) & kMask), q1 = static_cast<float>((w >> (sh + kBits)) & kMask);
-  return uint32_t(kvgraph::f32_to_bf16(fmaf(s, q0, b))) | (uint32_t(kvgraph::f32_to_bf16(fmaf(s, q1, b))) << 16);
+  // No I2F and one cvt.rn.bf16x2 a pair: the ALU, not the tensor cores,
+  // bounded the kernel (~100 TFLOP/s, H100). Round to nearest even, as
+  // f32_to_bf16 (the slab path) does for finite values.
+  const float q0 = detail::small_uint_to_f32((w >> sh) & kMask);
+  const float q1 = detail::small_uint_to_f32((w >> (sh + kBits)) & kMask);
+  const __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(s, q0, b), fmaf(s, q1, b));
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
 }
 
 // A thread's scales and biases for one stage, as stored: its two rows (g and
