@@ -13,7 +13,9 @@ namespace kvgraph {
 struct Tuning {
   // Launch shape of the T == 1 GEMV. automatic: a block per row pair for
   // long rows (K >= 2048 bf16), a warp per row pair otherwise.
-  enum class Gemv : uint8_t { automatic, block2, warp2, warp4 };
+  // mma / mma8 / mma16: bf16 weights on the tensor cores, one kernel for
+  // every step of up to 8 tokens (8 or 16 rows a block; mma picks by N).
+  enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16 };
   Gemv gemv = Gemv::automatic;
   // Decode (T <= kMaxDecodeQueries) attention: fast (the decode kernel,
   // K/V rows read straight from global memory), staged (the decode kernel
