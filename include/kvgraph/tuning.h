@@ -14,7 +14,10 @@ struct Tuning {
   // Launch shape of the T == 1 GEMV. automatic: a block per row pair for
   // long rows (K >= 2048 bf16), a warp per row pair otherwise.
   // mma / mma8 / mma16: bf16 weights on the tensor cores, one kernel for
-  // every step of up to 8 tokens (8 or 16 rows a block; mma picks by N).
+  // every step of up to 8 tokens (8 or 16 rows a block; mma picks by N):
+  // a 5-token verify step costs ~1.2x a one-token step instead of ~1.5x,
+  // but the one-token step is 18% slower than the default (H100,
+  // llama3.1-8b: 6.56 vs 5.58 ms; docs/design.md), so it is not the default.
   enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16 };
   Gemv gemv = Gemv::automatic;
   // Decode (T <= kMaxDecodeQueries) attention: fast (the decode kernel,

@@ -55,7 +55,8 @@ TEST(Tuning, EveryKeyParses) {
 TEST(Tuning, EveryGemvAndMultiNameParsesToItsValue) {
   using G = Tuning::Gemv;
   using M = Tuning::Multi;
-  for (auto [name, g] : {std::pair{"auto", G::automatic}, {"block2", G::block2}, {"warp2", G::warp2}, {"warp4", G::warp4}})
+  for (auto [name, g] : {std::pair{"auto", G::automatic}, {"block2", G::block2}, {"warp2", G::warp2}, {"warp4", G::warp4},
+                         {"mma", G::mma}, {"mma8", G::mma8}, {"mma16", G::mma16}})
     EXPECT_EQ(Tuning::parse(std::string("gemv=") + name).gemv, g) << name;
   for (auto [name, m] : {std::pair{"auto", M::automatic}, {"r8u2", M::r8u2}, {"r4u2", M::r4u2}, {"r8u1", M::r8u1},
                          {"r4u4", M::r4u4}, {"p4u2", M::p4u2}, {"p2u4", M::p2u4}, {"p8u1", M::p8u1}, {"h8u1", M::h8u1}, {"h4u2", M::h4u2}, {"h4u1", M::h4u1}, {"s8x3", M::s8x3}, {"s4x4", M::s4x4}, {"s4x6", M::s4x6}})

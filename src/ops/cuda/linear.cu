@@ -592,7 +592,12 @@ void launch_gemv_multi(const GemvArgs<W>& a, Tuning::Multi multi, Launch stream)
 // ... of K (kUnroll of them a batch, issued before any is used); the warps'
 // partial sums (and the norm's sum of squares) add in warp order through
 // shared memory. Deterministic; rows of token t depend on token t alone.
-// Requires K % 8 == 0 and 16-byte aligned w, x (and norm).
+// Requires K % 8 == 0 and 16-byte aligned w, x (and norm). Not the default:
+// at one token it holds half the FMA kernel's weight bytes in flight (4 KB
+// a warp in 109-143 registers) and the step is 18% slower (H100,
+// llama3.1-8b 6.56 vs 5.58 ms), while 5 tokens cost 1.2x one (the default's
+// 1.5x). Two attempts at more bytes in flight (a cp.async ring; x read as
+// used) were slower: docs/design.md.
 __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
   const float2 hf = __bfloat1622float2(h);
