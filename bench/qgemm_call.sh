@@ -25,7 +25,7 @@ for line in sys.stdin:
     r = json.loads(line); r["qmma"] = int(sys.argv[1]); r["round"] = int(sys.argv[2]); print(json.dumps(r))' "$q" "$round" >> "$OUT/qgemm.jsonl"
     done
   done
-  [ "$SECONDS" -gt 300 ] && break
+  [ "$SECONDS" -gt 150 ] && break
 done
 python3 - "$OUT/qgemm.jsonl" <<'PY'
 import json, sys, collections
