@@ -96,7 +96,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
       EXPECT_THAT(e.what(), HasSubstr(what)) << spec;
     }
   };
-  expect_error("gemv=fast", "gemv=fast: expected auto, block2, warp2 or warp4");
+  expect_error("gemv=fast", "gemv=fast: expected auto, block2, warp2, warp4, mma, mma8 or mma16");
   expect_error("attn-heads=3", "attn-heads=3");
   expect_error("attn-chunk=-1", "attn-chunk=-1");
   expect_error("attn-chunk=12x", "attn-chunk=12x");
