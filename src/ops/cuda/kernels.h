@@ -192,9 +192,9 @@ struct LinearParams {
   // kQGemmMaxTokens); longer steps, other shapes and qmma_tokens = 0
   // dequantise slabs of rows to bf16 for cuBLAS. The default is the longest
   // step measured faster than the slabs (H100, 2026-12-07, int4 g64 prefill,
-  // bench/qgemm_call.sh: llama3.1-8b 3.25x / 1.98x / 1.22x / 0.77x the slabs
-  // at 64 / 128 / 256 / 512 tokens, llama3.2-1b 2.48x / 1.74x / 1.12x /
-  // 0.74x). Tuning::qmma_tokens (--tune qmma=N) overrides it.
+  // bench/qgemm_call.sh: llama3.1-8b 3.24x / 1.98x / 1.54x / 1.02x the slabs
+  // at 64 / 128 / 256 / 512 tokens, llama3.2-1b 2.45x / 1.73x / 1.26x /
+  // 0.91x). Tuning::qmma_tokens (--tune qmma=N) overrides it.
   int qmma_tokens = 256;
 };
 
