@@ -22,6 +22,8 @@ ap.add_argument("--raw", help="also write ncu's CSV here")
 ap.add_argument("--prefill", action="store_true",
                 help="profile the first prefill chunk (the whole prompt in one step) instead of a decode step")
 ap.add_argument("--tune", default="", help="passed to kvgraph bench --tune")
+ap.add_argument("--verify-tokens", type=int, default=0,
+                help="profile the last speculative verify step of this many tokens instead of a decode step")
 ap.add_argument("--bench-args", default="", help="more kvgraph bench flags, e.g. '--weights int4 --group-size 64'")
 args = ap.parse_args()
 
@@ -29,7 +31,9 @@ cmd = [args.ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-con
        "--cache-control", "none", "--metrics", "gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum",
        "-k", "regex:^(?!fill_kernel).*",
        args.kvgraph, "bench", "--device", "cuda", "--models", args.model, "--prompt", str(args.prompt),
-       "--chunk", str(args.prompt), "--new-tokens", "3", "--eager", "--quiet"]
+       "--chunk", str(args.prompt), "--new-tokens", "5" if args.verify_tokens else "3", "--eager", "--quiet"]
+if args.verify_tokens:
+    cmd += ["--verify-tokens", str(args.verify_tokens)]
 if args.tune:
     cmd += ["--tune", args.tune]
 cmd += args.bench_args.split()
@@ -64,11 +68,14 @@ def cells(r):  # "(512, 1, 1)" -> 512
 if args.prefill:  # bench warms up with a short prefill first: the prompt's is the widest embedding launch
     k = max(range(len(emb) - 1), key=lambda j: cells(rows[emb[j]]))
     step = rows[emb[k]:emb[k + 1]]
+elif args.verify_tokens:  # the verify steps run last: from the last embedding launch to the end
+    step = rows[emb[-1]:]
 else:
     step = rows[emb[-2]:emb[-1]]
 total = 0.0
 kinds = collections.OrderedDict()
-what = "the prefill step" if args.prefill else "one eager decode step"
+what = ("the prefill step" if args.prefill else
+        f"one eager verify step of {args.verify_tokens} tokens" if args.verify_tokens else "one eager decode step")
 print(f"{args.model}: {len(step)} kernels in {what} (prompt {args.prompt})")
 print(f"{'kernel':50s} {'grid':>16s} {'us':>8s} {'MB read':>9s} {'GB/s':>7s}")
 for r in step:

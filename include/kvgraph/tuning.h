@@ -13,7 +13,12 @@ namespace kvgraph {
 struct Tuning {
   // Launch shape of the T == 1 GEMV. automatic: a block per row pair for
   // long rows (K >= 2048 bf16), a warp per row pair otherwise.
-  enum class Gemv : uint8_t { automatic, block2, warp2, warp4 };
+  // mma / mma8 / mma16: bf16 weights on the tensor cores, one kernel for
+  // every step of up to 8 tokens (8 or 16 rows a block; mma picks by N):
+  // a 5-token verify step costs ~1.2x a one-token step instead of ~1.5x,
+  // but the one-token step is 18% slower than the default (H100,
+  // llama3.1-8b: 6.56 vs 5.58 ms; docs/design.md), so it is not the default.
+  enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16 };
   Gemv gemv = Gemv::automatic;
   // Decode (T <= kMaxDecodeQueries) attention: fast (the decode kernel,
   // K/V rows read straight from global memory), staged (the decode kernel
@@ -100,6 +105,11 @@ struct Tuning {
   // storage, head dims and short steps keep the legacy kernels either way.
   enum class PrefillAttn : uint8_t { legacy, flash };
   PrefillAttn prefill_attn = PrefillAttn::flash;
+  // Steps of 9..qmma_tokens tokens on affine-quantized weights take the fused
+  // tensor-core GEMM (LinearParams::qmma_tokens; at most 512 apply), longer
+  // ones the dequantised slabs for cuBLAS; 0: always the slabs; -1
+  // (qmma=auto): the launcher's default.
+  int qmma_tokens = -1;
 
   // Spelled out: the CUDA sources, which include this, are C++17.
   bool operator==(const Tuning& o) const {
@@ -108,16 +118,16 @@ struct Tuning {
            quantized_int8_x == o.quantized_int8_x && quantized_stream == o.quantized_stream &&
            qring_chunk == o.qring_chunk && qring_stages == o.qring_stages && qring_blocks == o.qring_blocks &&
            multi == o.multi &&
-           prefill_attn == o.prefill_attn;
+           prefill_attn == o.prefill_attn && qmma_tokens == o.qmma_tokens;
   }
 
-  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash":
+  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash,qmma=auto":
   // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv
   // auto|block2|warp2|warp4, attn auto|fast|staged|legacy, attn-heads 0|1|2|4|8,
   // attn-chunk N >= 0, attn-merge cluster|global, attn-prefetch on|off, pdl on|off, qx f32|int8, qgemv stream|regs, qring auto|CxS|CxSxB, mt auto|r8u2|r4u2|r8u1|r4u4,
-  // prefill-attn legacy|flash). Throws kvgraph::Error("[tuning] ...") on an
+  // prefill-attn legacy|flash, qmma auto|N >= 0). Throws kvgraph::Error("[tuning] ...") on an
   // unknown key or value.
   static Tuning parse(std::string_view spec);
 };

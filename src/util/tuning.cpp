@@ -8,7 +8,7 @@ namespace kvgraph {
 
 namespace {
 
-constexpr std::string_view kGemvNames[] = {"auto", "block2", "warp2", "warp4"};
+constexpr std::string_view kGemvNames[] = {"auto", "block2", "warp2", "warp4", "mma", "mma8", "mma16"};
 constexpr std::string_view kMultiNames[] = {"auto", "r8u2", "r4u2", "r8u1", "r4u4", "p4u2", "p2u4", "p8u1", "h8u1", "h4u2", "h4u1", "s8x3", "s4x4", "s4x6"};
 constexpr std::string_view kAttnNames[] = {"auto", "fast", "staged", "legacy", "mma"};
 
@@ -73,13 +73,14 @@ int parse_name(std::string_view key, std::string_view v, const std::string_view 
 }  // namespace
 
 std::string Tuning::describe() const {
-  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},attn-merge={},attn-prefetch={},pdl={},qx={},qgemv={},qring={},mt={},prefill-attn={}",
+  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},attn-merge={},attn-prefetch={},pdl={},qx={},qgemv={},qring={},mt={},prefill-attn={},qmma={}",
                      kGemvNames[static_cast<int>(gemv)],
                      kAttnNames[static_cast<int>(decode_attn)],
                      count_str(attn_heads), count_str(attn_chunk),
                      attn_merge == AttnMerge::cluster ? "cluster" : "global", attn_prefetch ? "on" : "off", programmatic_launch ? "on" : "off",
                      quantized_int8_x ? "int8" : "f32", quantized_stream ? "stream" : "regs", qring_str(*this), kMultiNames[static_cast<int>(multi)],
-                     prefill_attn == PrefillAttn::flash ? "flash" : "legacy");
+                     prefill_attn == PrefillAttn::flash ? "flash" : "legacy",
+                     qmma_tokens < 0 ? std::string("auto") : std::to_string(qmma_tokens));
 }
 
 Tuning Tuning::parse(std::string_view spec) {
@@ -124,8 +125,10 @@ Tuning Tuning::parse(std::string_view spec) {
     } else if (key == "prefill-attn") {
       if (v != "legacy" && v != "flash") fail("tuning", "prefill-attn={}: expected legacy or flash", v);
       t.prefill_attn = v == "flash" ? PrefillAttn::flash : PrefillAttn::legacy;
+    } else if (key == "qmma") {
+      t.qmma_tokens = v == "auto" ? -1 : parse_count(key, v);
     } else {
-      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn)", key);
+      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn, qmma)", key);
     }
   }
   return t;

@@ -276,6 +276,29 @@ TEST_F(CudaLinear, EveryGemvLaunchShapeMatchesCpu) {
   g_shape = GemvShape::automatic;
 }
 
+// The tensor-core GEMV (bf16 weights; f32 weights fall back to the default
+// shapes) serves every T <= kMaxGemvTokens: odd N, rows not a multiple of 8
+// or 16, K not a multiple of its 32-value chunks (1000), every epilogue,
+// with and without the norm prologue, against the f64 CPU loop.
+TEST_F(CudaLinear, MmaGemvMatchesCpuForEveryTokenCount) {
+  for (GemvShape shape : {GemvShape::mma, GemvShape::mma8, GemvShape::mma16}) {
+    g_shape = shape;
+    for (int T : {1, 2, 5, kMaxGemvTokens}) {
+      for (int N : {33, 46, 130}) {
+        check_linear(T, N, 896, DType::BF16, Epi::none, nullptr, 1e-4);
+        check_linear(T, N, 1000, DType::BF16, Epi::none, nullptr, 1e-4);
+      }
+      check_linear(T, 46, 896, DType::F32, Epi::bias, nullptr, 1e-4);
+      for (Epi e : {Epi::bias, Epi::residual_in_place, Epi::bias_and_residual, Epi::silu, Epi::gelu}) {
+        check_linear(T, 46, 2048, DType::BF16, e, nullptr, 1e-4);
+        check_norm_linear(T, 46, 2048, DType::BF16, e, true, nullptr, 1e-4);
+        check_norm_linear(T, 102, 1000, DType::BF16, e, false, nullptr, 1e-4);
+      }
+    }
+  }
+  g_shape = GemvShape::automatic;
+}
+
 TEST_F(CudaLinear, PrefillNormPrologueMatchesCpu) {
   GemmContext gemm;
   for (bool plus_one : {false, true})

@@ -255,7 +255,9 @@ TEST_F(CudaQuantLinear, PrefillFusedKernelMatchesTheSlabsAndTheReference) {
       {kMaxGemvTokens + 1, 70, 384, 32, Epi::none, false},  // one n-tile and a token, rows past N
       {64, 200, 512, 64, Epi::gated, true},                 // a whole token tile, gate, norm
       {65, 136, 1024, 128, Epi::residual, false},           // a second token tile of one token
-      {130, 96, 4096, 64, Epi::bias, false},                // K split (a small grid), three token tiles
+      {130, 96, 4096, 64, Epi::bias, false},                // K split (a small grid), two 128-token tiles
+      {300, 136, 1024, 64, Epi::gated, true},               // 128-token tiles, the last partial; gate, norm
+      {512, 130, 2048, 32, Epi::residual, false},           // the longest step, rows past N
       {17, 4096, 2112, 32, Epi::residual, true},            // 33 stages: K not split; 32 row blocks
   };
   for (int bits : {4, 8})

@@ -12,14 +12,14 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash,qmma=auto");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
   const Tuning t =
-      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,attn-merge=global,attn-prefetch=on,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy");
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,attn-merge=global,attn-prefetch=on,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy,qmma=256");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::legacy);
   EXPECT_EQ(t.attn_heads, 2);
@@ -34,7 +34,11 @@ TEST(Tuning, EveryKeyParses) {
   EXPECT_EQ(t.qring_blocks, 2);
   EXPECT_EQ(t.multi, Tuning::Multi::r4u2);
   EXPECT_EQ(t.prefill_attn, Tuning::PrefillAttn::legacy);
+  EXPECT_EQ(t.qmma_tokens, 256);
   EXPECT_EQ(Tuning::parse(t.describe()), t);
+  EXPECT_EQ(Tuning::parse("qmma=0").qmma_tokens, 0);  // 0: always the slabs, not auto
+  EXPECT_NE(Tuning::parse("qmma=0"), Tuning{});
+  EXPECT_EQ(Tuning::parse("qmma=auto"), Tuning{});
   EXPECT_EQ(Tuning{}.prefill_attn, Tuning::PrefillAttn::flash);
   EXPECT_NE(Tuning::parse("prefill-attn=legacy"), Tuning{});
   EXPECT_EQ(Tuning::parse("prefill-attn=flash"), Tuning{});
@@ -51,7 +55,8 @@ TEST(Tuning, EveryKeyParses) {
 TEST(Tuning, EveryGemvAndMultiNameParsesToItsValue) {
   using G = Tuning::Gemv;
   using M = Tuning::Multi;
-  for (auto [name, g] : {std::pair{"auto", G::automatic}, {"block2", G::block2}, {"warp2", G::warp2}, {"warp4", G::warp4}})
+  for (auto [name, g] : {std::pair{"auto", G::automatic}, {"block2", G::block2}, {"warp2", G::warp2}, {"warp4", G::warp4},
+                         {"mma", G::mma}, {"mma8", G::mma8}, {"mma16", G::mma16}})
     EXPECT_EQ(Tuning::parse(std::string("gemv=") + name).gemv, g) << name;
   for (auto [name, m] : {std::pair{"auto", M::automatic}, {"r8u2", M::r8u2}, {"r4u2", M::r4u2}, {"r8u1", M::r8u1},
                          {"r4u4", M::r4u4}, {"p4u2", M::p4u2}, {"p2u4", M::p2u4}, {"p8u1", M::p8u1}, {"h8u1", M::h8u1}, {"h4u2", M::h4u2}, {"h4u1", M::h4u1}, {"s8x3", M::s8x3}, {"s4x4", M::s4x4}, {"s4x6", M::s4x6}})
@@ -91,7 +96,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
       EXPECT_THAT(e.what(), HasSubstr(what)) << spec;
     }
   };
-  expect_error("gemv=fast", "gemv=fast: expected auto, block2, warp2 or warp4");
+  expect_error("gemv=fast", "gemv=fast: expected auto, block2, warp2, warp4, mma, mma8 or mma16");
   expect_error("attn-heads=3", "attn-heads=3");
   expect_error("attn-chunk=-1", "attn-chunk=-1");
   expect_error("attn-chunk=12x", "attn-chunk=12x");
@@ -105,7 +110,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   expect_error("prefill-attn=fast", "prefill-attn=fast");
   expect_error("attn-merge=atomic", "attn-merge=atomic: expected cluster or global");
   expect_error("attn-prefetch=yes", "attn-prefetch=yes: expected on or off");
-  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn)");
+  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn, qmma)");
   expect_error("gemv", "expected key=value");
 }
 

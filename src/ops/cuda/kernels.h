@@ -191,9 +191,11 @@ struct LinearParams {
   // tensor-core kernel (qgemm.h) where the shape fits (qmma_tokens at most
   // kQGemmMaxTokens); longer steps, other shapes and qmma_tokens = 0
   // dequantise slabs of rows to bf16 for cuBLAS. The default is the longest
-  // step measured faster than the slabs (H100, 2026-12-07: 2.6x at 64 tokens
-  // on the llama3.1-8b shape, 0.6x at 512).
-  int qmma_tokens = 64;
+  // step measured faster than the slabs (H100, 2026-12-07, int4 g64 prefill,
+  // bench/qgemm_call.sh: llama3.1-8b 3.24x / 1.98x / 1.54x / 1.02x the slabs
+  // at 64 / 128 / 256 / 512 tokens, llama3.2-1b 2.45x / 1.73x / 1.26x /
+  // 0.91x). Tuning::qmma_tokens (--tune qmma=N) overrides it.
+  int qmma_tokens = 256;
 };
 
 // Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.

@@ -17,6 +17,7 @@
 #include "ops/cuda/async_copy.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/epilogue.cuh"
+#include "ops/cuda/mma.cuh"
 #include "ops/cuda/qgemm.h"
 
 namespace kvgraph::cuda {
@@ -573,6 +574,156 @@ void launch_gemv_multi(const GemvArgs<W>& a, Tuning::Multi multi, Launch stream)
   }
 }
 
+// ---------------------------------------------------------------- bf16 weights on the tensor cores, T <= kMaxGemvTokens
+//
+// One kernel for every T (Tuning::Gemv::mma*): a token's row sums are then
+// bitwise the same in a one-token step and in a verify step of T tokens, and
+// the T tokens cost about what one does (their x conversions run side by
+// side on different lanes, the products on the tensor cores). mma.sync
+// m16n8k16 with A = the tokens (row t: token t's x rounded to bf16, row
+// 8 + t: what that rounding lost, so the sums carry ~16 bits of x, as the
+// decode attention does with q) and B = 8 weight rows x 16 values of k.
+// Lane (g, c) streams 16 bytes of weight row g: values 8c .. 8c + 7 of each
+// 32-value chunk. Its B slots (k 2c, 2c + 1, 2c + 8, 2c + 9) of the chunk's
+// two mmas are values 8c .. 8c + 3 and 8c + 4 .. 8c + 7 (a dot product takes
+// any order of k, so long as A follows it), so its A slots are the same
+// values of token g, and each 16-byte load feeds two mmas as it is.
+// A block: 4 warps on kRG groups of 8 rows, warp w taking chunks w, w + 4,
+// ... of K (kUnroll of them a batch, issued before any is used); the warps'
+// partial sums (and the norm's sum of squares) add in warp order through
+// shared memory. Deterministic; rows of token t depend on token t alone.
+// Requires K % 8 == 0 and 16-byte aligned w, x (and norm). Not the default:
+// at one token it holds half the FMA kernel's weight bytes in flight (4 KB
+// a warp in 109-143 registers) and the step is 18% slower (H100,
+// llama3.1-8b 6.56 vs 5.58 ms), while 5 tokens cost 1.2x one (the default's
+// 1.5x). Two attempts at more bytes in flight (a cp.async ring; x read as
+// used) were slower: docs/design.md.
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
+  memcpy(&hi, &h, 4);
+  memcpy(&lo, &l, 4);
+}
+
+template <bool kNorm, int kRG, int kUnroll>
+__global__ void __launch_bounds__(kBlock) gemv_mma_kernel(GemvArgs<detail::bf16> a) {
+  constexpr int kWarps = kBlock / 32, kRowsB = 8 * kRG;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int n0 = blockIdx.x * kRowsB;
+  const int nvec = a.K / 8, nchunk = (nvec + 3) / 4;
+  const bool has_x = g < a.T;
+  const uint4* wr[kRG];
+  bool ok[kRG];
+#pragma unroll
+  for (int rg = 0; rg < kRG; ++rg) {
+    const int row = n0 + 8 * rg + g;
+    ok[rg] = row < a.N;
+    wr[rg] = reinterpret_cast<const uint4*>(a.w + size_t(ok[rg] ? row : 0) * a.K);
+  }
+  const float4* xt = reinterpret_cast<const float4*>(a.x + size_t(has_x ? g : 0) * a.K);
+  const float4* nt = reinterpret_cast<const float4*>(a.norm);
+  float acc[kRG][4];
+#pragma unroll
+  for (int rg = 0; rg < kRG; ++rg)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[rg][e] = 0.f;
+  float ss = 0.f;
+  const uint64_t pol = evict_first_policy();
+  detail::griddep_launch_dependents();
+
+  bool waited = false;
+  for (int base = warp; base < nchunk; base += kWarps * kUnroll) {
+    uint4 wv[kUnroll][kRG];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = (base + u * kWarps) * 4 + c;
+#pragma unroll
+      for (int rg = 0; rg < kRG; ++rg)
+        wv[u][rg] = (ok[rg] && vi < nvec) ? ld_weights(wr[rg] + vi, pol) : make_uint4(0, 0, 0, 0);
+    }
+    if (!waited) {
+      detail::griddep_wait();
+      waited = true;
+    }
+    float4 xv[kUnroll][2];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = (base + u * kWarps) * 4 + c;
+      const bool live = has_x && vi < nvec;
+      xv[u][0] = live ? xt[2 * vi] : make_float4(0.f, 0.f, 0.f, 0.f);
+      xv[u][1] = live ? xt[2 * vi + 1] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kWarps >= nchunk) break;  // warp-uniform
+      const int vi = (base + u * kWarps) * 4 + c;
+      float h[8] = {xv[u][0].x, xv[u][0].y, xv[u][0].z, xv[u][0].w, xv[u][1].x, xv[u][1].y, xv[u][1].z, xv[u][1].w};
+      if constexpr (kNorm) {
+        if (has_x && vi < nvec) {
+          const float4 g0 = nt[2 * vi], g1 = nt[2 * vi + 1];
+          const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+          for (int i = 0; i < 8; ++i) ss = fmaf(h[i], h[i], ss);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) h[i] *= a.norm_add + gv[i];
+        }
+      }
+      uint32_t af[2][4];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        split_bf16(h[4 * m], h[4 * m + 1], af[m][0], af[m][1]);
+        split_bf16(h[4 * m + 2], h[4 * m + 3], af[m][2], af[m][3]);
+      }
+#pragma unroll
+      for (int rg = 0; rg < kRG; ++rg) {
+        Mma<detail::bf16>::mma(acc[rg], af[0], wv[u][rg].x, wv[u][rg].y);
+        Mma<detail::bf16>::mma(acc[rg], af[1], wv[u][rg].z, wv[u][rg].w);
+      }
+    }
+  }
+  if (!waited) detail::griddep_wait();
+
+  __shared__ float red[kWarps][kMaxGemvTokens][kRowsB + 1];  // [.., kRowsB]: the sum of squares
+  ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+  ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+#pragma unroll
+  for (int rg = 0; rg < kRG; ++rg) {
+    red[warp][g][8 * rg + 2 * c] = acc[rg][0] + acc[rg][2];
+    red[warp][g][8 * rg + 2 * c + 1] = acc[rg][1] + acc[rg][3];
+  }
+  if (c == 0) red[warp][g][kRowsB] = ss;
+  __syncthreads();
+  constexpr int kPairs = kRowsB / 2;
+  if (threadIdx.x >= a.T * kPairs) return;
+  const int t = threadIdx.x / kPairs, pr = threadIdx.x % kPairs;
+  float v0 = 0.f, v1 = 0.f, s = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    v0 += red[w][t][2 * pr];
+    v1 += red[w][t][2 * pr + 1];
+    s += red[w][t][kRowsB];
+  }
+  if constexpr (kNorm) {
+    const float inv = rsqrtf(s / a.K + a.norm_eps);
+    v0 *= inv;
+    v1 *= inv;
+  }
+  gemv_epilogue(a, t, n0 + 2 * pr, v0, v1);
+}
+
+bool is_mma_shape(GemvShape s) { return s == GemvShape::mma || s == GemvShape::mma8 || s == GemvShape::mma16; }
+
+// mma: 16 rows a block while that still gives two blocks an SM, else 8.
+template <bool kNorm>
+void launch_gemv_mma(const GemvArgs<detail::bf16>& a, GemvShape shape, Launch stream) {
+  if (shape == GemvShape::mma) shape = ceil_div(a.N, 16) >= 2 * sm_count() ? GemvShape::mma16 : GemvShape::mma8;
+  if (shape == GemvShape::mma16)
+    launch(gemv_mma_kernel<kNorm, 2, 4>, dim3(ceil_div(a.N, 16)), dim3(kBlock), 0, stream, a);
+  else
+    launch(gemv_mma_kernel<kNorm, 1, 8>, dim3(ceil_div(a.N, 8)), dim3(kBlock), 0, stream, a);
+}
+
 template <typename W, bool kNorm>
 void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Tuning::Multi multi, Launch stream) {
   constexpr int kVE = 16 / sizeof(W);
@@ -584,6 +735,13 @@ void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Tuning::Multi multi, Lau
     launch(gemv_scalar_kernel<W, kNorm>, dim3(ceil_div(pairs, kBlock / 32)), dim3(kBlock), 0, stream, a);
     return;
   }
+  if constexpr (std::is_same_v<W, detail::bf16>) {
+    if (is_mma_shape(shape)) {  // every T: one kernel
+      launch_gemv_mma<kNorm>(a, shape, stream);
+      return;
+    }
+  }
+  if (is_mma_shape(shape)) shape = GemvShape::automatic;  // f32 / f16 weights
   const int nvec = a.K / kVE;
   if (shape == GemvShape::automatic) {
     // Whole-step timings on the H200 (bench/results/h200-2026-12-02-session3.md):
@@ -617,11 +775,7 @@ void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Tuning::Multi multi, Lau
 
 // ---------------------------------------------------------------- quantized weights, T <= kMaxGemvTokens
 
-// 2^23 as a float: for 0 <= v < 2^23, as_float(0x4B000000 | v) == 2^23 + v
-// exactly, so subtracting it gives v as a float in one FADD (no I2F).
-constexpr uint32_t kMagic = 0x4B000000u;
-constexpr float kMagicF = 8388608.f;
-__device__ __forceinline__ float magic(uint32_t bits) { return __uint_as_float(bits | kMagic) - kMagicF; }
+__device__ __forceinline__ float magic(uint32_t bits) { return detail::small_uint_to_f32(bits); }
 
 // dot(q, x) for the 32 (4-bit) or 16 (8-bit) quantized values of one 16-byte
 // vector, x: the matching f32 values (h, registers). Each value is converted
@@ -801,6 +955,7 @@ void launch_qgemv(const QGemvArgs<S>& a, GemvShape shape, Launch stream) {
   constexpr int kVE = 128 / kBits;
   const int nvec = a.e.K / kVE;
   const int pairs = (a.e.N + 1) / 2;
+  if (is_mma_shape(shape)) shape = GemvShape::automatic;  // (16-bit weights only)
   if (shape == GemvShape::automatic) {
     // kvgraph_kernel_bench qgemv on the H200 (2026-12-03, g64): a block per
     // pair of long rows (int4 K >= 8192, int8 K >= 4096); shorter int4 rows

@@ -71,6 +71,7 @@ void linear(Stream& s, const Tensor& x, const Weight& w, Tensor& out, const ops:
   p.qring_stages = ctx.tuning().qring_stages;
   p.qring_blocks = ctx.tuning().qring_blocks;
   p.multi = ctx.tuning().multi;
+  if (ctx.tuning().qmma_tokens >= 0) p.qmma_tokens = ctx.tuning().qmma_tokens;
   if (p.T > cuda::kMaxGemvTokens) ctx.gemm().reserve(p.T, std::max(p.N, p.K));
   cuda::linear(p, p.T > 1 ? &ctx.gemm() : nullptr, ctx.launch());
 }

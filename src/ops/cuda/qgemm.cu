@@ -4,9 +4,10 @@
 // the weight stream instead of a bf16 copy of every slab of rows.
 //
 // A block of 8 warps owns 128 weight rows (16 a warp: the M side of mma.sync
-// m16n8k16) and 64 tokens (8 n-tiles of 8) over a slice of K. Per stage of 64
-// values of k, cp.async brings the packed weights of the stage (128 rows x 32
-// or 64 bytes) and the bf16 x tile (64 tokens x 64) into shared memory,
+// m16n8k16) and 64 or 128 tokens (8 or 16 n-tiles of 8) over a slice of K.
+// Per stage of 64 values of k, cp.async brings the packed weights of the
+// stage (128 rows x 32 or 64 bytes) and the bf16 x tile (the tokens x 64)
+// into shared memory,
 // kStages stages in flight. Each thread dequantises the A fragments it owns
 // straight from the packed words, to the bf16 of fmaf(scale, q, bias) (the
 // values the slab path gives cuBLAS), and ldmatrix reads the B fragments.
@@ -33,14 +34,17 @@ namespace {
 
 constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kRows = kWarps * 16;  // weight rows a block
-constexpr int kTok = 64;            // tokens a block: 8 n-tiles
+// Tokens a block: 64 (8 n-tiles) up to kWideFrom tokens, else 128: each
+// weight is dequantised once per token tile, so wider tiles halve that work
+// on long steps (the kernel is ALU-bound), where the grid has blocks enough.
+constexpr int kWideFrom = 129;
 constexpr int kKS = 64;             // values of k a stage
 constexpr int kStages = 4;
 constexpr int kLdx = kKS + 8;    // x tile row stride (bf16): 144 bytes, ldmatrix without bank conflicts
 constexpr int kLdo = kRows + 4;  // f32 output tile row stride
 constexpr int kMaxSplits = 16;
 
-template <int kBits>
+template <int kBits, int kTok>
 struct QGemmShape {
   static constexpr int kRowBytes = kKS * kBits / 8;  // a row's packed stage: 32 or 64 bytes
   static constexpr int kLdw = kRowBytes + 16;        // its stride: rows g = 0..7 on distinct banks
@@ -74,8 +78,15 @@ __device__ __forceinline__ uint32_t dequant_pair(const uint32_t* row, int k, flo
   constexpr uint32_t kMask = (1u << kBits) - 1;
   const uint32_t w = row[k / kPer];
   const int sh = (k % kPer) * kBits;
-  const float q0 = static_cast<float>((w >> sh) & kMask), q1 = static_cast<float>((w >> (sh + kBits)) & kMask);
-  return uint32_t(kvgraph::f32_to_bf16(fmaf(s, q0, b))) | (uint32_t(kvgraph::f32_to_bf16(fmaf(s, q1, b))) << 16);
+  // No I2F and one cvt.rn.bf16x2 a pair: the ALU, not the tensor cores,
+  // bounded the kernel (~100 TFLOP/s, H100). Round to nearest even, as
+  // f32_to_bf16 (the slab path) does for finite values.
+  const float q0 = detail::small_uint_to_f32((w >> sh) & kMask);
+  const float q1 = detail::small_uint_to_f32((w >> (sh + kBits)) & kMask);
+  const __nv_bfloat162 h = __floats2bfloat162_rn(fmaf(s, q0, b), fmaf(s, q1, b));
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
 }
 
 // A thread's scales and biases for one stage, as stored: its two rows (g and
@@ -85,9 +96,9 @@ struct StageScales {
   S s[2][2], b[2][2];
 };
 
-template <typename S, int kBits>
+template <typename S, int kBits, int kTok>
 __global__ void __launch_bounds__(kThreads, 2) qgemm_kernel(QGemmArgs<S> a) {
-  using Sh = QGemmShape<kBits>;
+  using Sh = QGemmShape<kBits, kTok>;
   extern __shared__ __align__(16) unsigned char qg_smem[];
   detail::griddep_launch_dependents();
   detail::griddep_wait();
@@ -240,24 +251,34 @@ __global__ void qgemm_reduce_kernel(QGemmArgs<S> a) {
 
 // Splits of K: doubled while the grid is under two blocks an SM and each split
 // keeps at least 4 whole stages.
+int tile_tokens(int T) { return T >= kWideFrom ? 128 : 64; }
+
 int pick_splits(const LinearParams& p) {
-  const int64_t blocks = int64_t(ceil_div(p.T, kTok)) * ceil_div(p.N, kRows);
+  const int64_t blocks = int64_t(ceil_div(p.T, tile_tokens(p.T))) * ceil_div(p.N, kRows);
   const int stages = p.K / kKS;
   int s = 1;
   while (blocks * s < 2 * sm_count() && 2 * s <= kMaxSplits && stages % (2 * s) == 0 && stages / (2 * s) >= 4) s *= 2;
   return s;
 }
 
-template <typename S, int kBits>
-void launch_qgemm(const QGemmArgs<S>& a, Launch stream) {
-  constexpr size_t kSmem = QGemmShape<kBits>::kSmem;
+template <typename S, int kBits, int kTok>
+void launch_qgemm_as(const QGemmArgs<S>& a, Launch stream) {
+  constexpr size_t kSmem = QGemmShape<kBits, kTok>::kSmem;
   static std::once_flag once;
   std::call_once(once, [] {
-    KVGRAPH_CUDA_CHECK(
-        cudaFuncSetAttribute(qgemm_kernel<S, kBits>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
+    KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(qgemm_kernel<S, kBits, kTok>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmem)));
   });
-  launch(qgemm_kernel<S, kBits>, dim3(ceil_div(a.T, kTok), ceil_div(a.N, kRows), a.splits), dim3(kThreads), kSmem,
-         stream, a);
+  launch(qgemm_kernel<S, kBits, kTok>, dim3(ceil_div(a.T, kTok), ceil_div(a.N, kRows), a.splits), dim3(kThreads),
+         kSmem, stream, a);
+}
+
+template <typename S, int kBits>
+void launch_qgemm(const QGemmArgs<S>& a, Launch stream) {
+  if (tile_tokens(a.T) == 128)
+    launch_qgemm_as<S, kBits, 128>(a, stream);
+  else
+    launch_qgemm_as<S, kBits, 64>(a, stream);
 }
 
 }  // namespace

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Session 22's device call for branch wip/gemv-mma: the bf16 GEMV on the
+# tensor cores (`--tune gemv=mma|mma8|mma16`, one kernel for every T <= 8).
+# Carry build/carry_next.txz, made by
+#   bench/pack_carry.sh build/cuda-nc/kvgraph build/cuda-nc/kvgraph_gpu_tests
+# then: DL=540 bash bench/mma_call.sh
+# 0. the GEMV tests (CPU reference, one-token rows == several-token rows);
+# 1. decode and the T = 5 verify step, default GEMV against the mma shapes,
+#    interleaved, same binary (issue 16: verify <= 1.25x decode; decode must
+#    not get slower for the mma GEMV to become the default);
+# 2. racecheck and memcheck on the new tests.
+set -u
+cd "$(dirname "$0")/.."
+DL=${DL:-540}
+OUT=${OUT:-/tmp}
+nvidia-smi --query-gpu=name --format=csv,noheader
+mkdir -p build/cuda && xz -dc build/carry_next.txz | tar -C build/cuda -xf - && export LD_LIBRARY_PATH=$PWD/build/cuda/lib
+echo "== GPU tests ($SECONDS s)"
+timeout 150 build/cuda/kvgraph_gpu_tests --gtest_filter='CudaLinear.*:CudaMultiToken.*' 2>&1 |
+  grep -E '^\[  (PASSED|FAILED) |^\[==========\]|FAILED|Failure|Expected|Which is|error|norm_err' | head -30
+echo "== decode and verify T=5, gemv variants ($SECONDS s)"
+for round in 1 2; do
+  for g in auto mma mma16 mma8; do
+    [ "$SECONDS" -gt $((DL - 120)) ] && { echo "out of time before round $round gemv=$g"; break 2; }
+    out=$(timeout 100 build/cuda/kvgraph bench --device cuda --quiet --json \
+      --models synthetic:llama3.1-8b,synthetic:llama3.2-1b --verify-tokens 5 --new-tokens 64 --tune "gemv=$g" 2>&1) ||
+      { echo "gemv=$g failed:"; printf '%s\n' "$out" | tail -3; continue; }
+    printf '%s\n' "$out" | grep '^{' | python3 -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line); r["gemv"] = sys.argv[1]; r["round"] = int(sys.argv[2])
+    print(json.dumps(r))
+    sys.stderr.write("gemv=%-6s %-24s decode %.3f ms (%.1f%% of floor)  verify T=5 %.3f ms  %.3fx\n" % (sys.argv[1],
+        r["model"], r["decode_ms_median"], 100 * r["fraction_of_floor"], r["verify_ms_median"], r["verify_over_decode"]))' "$g" "$round" \
+      >> "$OUT/gemv_mma.jsonl"
+  done
+done
+for tool in racecheck memcheck; do
+  [ "$SECONDS" -gt $((DL - 40)) ] && break
+  echo "== compute-sanitizer $tool ($SECONDS s)"
+  timeout 40 compute-sanitizer --tool $tool --error-exitcode 9 build/cuda/kvgraph_gpu_tests \
+    --gtest_filter='CudaLinear.MmaGemv*:CudaMultiToken.LinearRowsAreOneTokenRows' 2>&1 | tail -3
+done
+echo "done ($SECONDS s)"
