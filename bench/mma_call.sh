@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Session 22's device call for branch wip/gemv-mma: the bf16 GEMV on the
-# tensor cores (`--tune gemv=mma|mma8|mma16`, one kernel for every T <= 8).
+# The bf16 GEMV on the tensor cores against the default: `--tune
+# gemv=mma|mma8|mma16` (weights and x of a batch in registers; main) and
+# `gemv=mmax` (x staged through shared memory, branch wip/gemv-mma-xstage:
+# compiled, not yet run), one kernel for every T <= 8.
 # Carry build/carry_next.txz, made by
 #   bench/pack_carry.sh build/cuda-nc/kvgraph build/cuda-nc/kvgraph_gpu_tests
 # then: DL=540 bash bench/mma_call.sh
@@ -19,8 +21,9 @@ echo "== GPU tests ($SECONDS s)"
 timeout 150 build/cuda/kvgraph_gpu_tests --gtest_filter='CudaLinear.*:CudaMultiToken.*' 2>&1 |
   grep -E '^\[  (PASSED|FAILED) |^\[==========\]|FAILED|Failure|Expected|Which is|error|norm_err' | head -30
 echo "== decode and verify T=5, gemv variants ($SECONDS s)"
+VARIANTS=${VARIANTS:-"auto mma mmax"}
 for round in 1 2; do
-  for g in auto mma mma16 mma8; do
+  for g in $VARIANTS; do
     [ "$SECONDS" -gt $((DL - 120)) ] && { echo "out of time before round $round gemv=$g"; break 2; }
     out=$(timeout 100 build/cuda/kvgraph bench --device cuda --quiet --json \
       --models synthetic:llama3.1-8b,synthetic:llama3.2-1b --verify-tokens 5 --new-tokens 64 --tune "gemv=$g" 2>&1) ||
@@ -39,6 +42,9 @@ for tool in racecheck memcheck; do
   [ "$SECONDS" -gt $((DL - 40)) ] && break
   echo "== compute-sanitizer $tool ($SECONDS s)"
   timeout 40 compute-sanitizer --tool $tool --error-exitcode 9 build/cuda/kvgraph_gpu_tests \
-    --gtest_filter='CudaLinear.MmaGemv*:CudaMultiToken.LinearRowsAreOneTokenRows' 2>&1 | tail -3
+    --gtest_filter='CudaLinear.MmaGemv*' 2>&1 | tail -3
 done
+echo "== ncu: GEMVs of a decode step, gemv=mmax ($SECONDS s)"
+timeout 150 python3 bench/profile_step.py synthetic:llama3.1-8b --kvgraph build/cuda/kvgraph --tune gemv=mmax \
+  > "$OUT/decode_profile_mmax.txt" 2>&1; grep -A8 "^kind" "$OUT/decode_profile_mmax.txt"
 echo "done ($SECONDS s)"

@@ -18,7 +18,10 @@ struct Tuning {
   // a 5-token verify step costs ~1.2x a one-token step instead of ~1.5x,
   // but the one-token step is 18% slower than the default (H100,
   // llama3.1-8b: 6.56 vs 5.58 ms; docs/design.md), so it is not the default.
-  enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16 };
+  // mmax: the same products with x staged through shared memory (one
+  // float a lane a token in registers), so registers go to weights in flight
+  // (compiled, not yet run on a GPU).
+  enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16, mmax };
   Gemv gemv = Gemv::automatic;
   // Decode (T <= kMaxDecodeQueries) attention: fast (the decode kernel,
   // K/V rows read straight from global memory), staged (the decode kernel

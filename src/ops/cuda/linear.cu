@@ -606,6 +606,43 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uin
   memcpy(&lo, &l, 4);
 }
 
+// The end of a tensor-core GEMV block: each warp's row sums of token g
+// (the hi and lo rows added) and sum of squares through shared memory, added
+// in warp order, scaled by the norm, then the epilogue, a thread a row pair
+// of a token.
+template <bool kNorm, int kRG>
+__device__ __forceinline__ void mma_gemv_finish(const GemvArgs<detail::bf16>& a, int n0, const float (&acc)[kRG][4],
+                                                float ss) {
+  constexpr int kWarps = kBlock / 32, kRowsB = 8 * kRG;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  __shared__ float red[kWarps][kMaxGemvTokens][kRowsB + 1];  // [.., kRowsB]: the sum of squares
+  ss += __shfl_xor_sync(0xffffffffu, ss, 1);
+  ss += __shfl_xor_sync(0xffffffffu, ss, 2);
+#pragma unroll
+  for (int rg = 0; rg < kRG; ++rg) {
+    red[warp][g][8 * rg + 2 * c] = acc[rg][0] + acc[rg][2];
+    red[warp][g][8 * rg + 2 * c + 1] = acc[rg][1] + acc[rg][3];
+  }
+  if (c == 0) red[warp][g][kRowsB] = ss;
+  __syncthreads();
+  constexpr int kPairs = kRowsB / 2;
+  if (threadIdx.x >= a.T * kPairs) return;
+  const int t = threadIdx.x / kPairs, pr = threadIdx.x % kPairs;
+  float v0 = 0.f, v1 = 0.f, sq = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    v0 += red[w][t][2 * pr];
+    v1 += red[w][t][2 * pr + 1];
+    sq += red[w][t][kRowsB];
+  }
+  if constexpr (kNorm) {
+    const float inv = rsqrtf(sq / a.K + a.norm_eps);
+    v0 *= inv;
+    v1 *= inv;
+  }
+  gemv_epilogue(a, t, n0 + 2 * pr, v0, v1);
+}
+
 template <bool kNorm, int kRG, int kUnroll>
 __global__ void __launch_bounds__(kBlock) gemv_mma_kernel(GemvArgs<detail::bf16> a) {
   constexpr int kWarps = kBlock / 32, kRowsB = 8 * kRG;
@@ -684,39 +721,132 @@ __global__ void __launch_bounds__(kBlock) gemv_mma_kernel(GemvArgs<detail::bf16>
   }
   if (!waited) detail::griddep_wait();
 
-  __shared__ float red[kWarps][kMaxGemvTokens][kRowsB + 1];  // [.., kRowsB]: the sum of squares
-  ss += __shfl_xor_sync(0xffffffffu, ss, 1);
-  ss += __shfl_xor_sync(0xffffffffu, ss, 2);
-#pragma unroll
-  for (int rg = 0; rg < kRG; ++rg) {
-    red[warp][g][8 * rg + 2 * c] = acc[rg][0] + acc[rg][2];
-    red[warp][g][8 * rg + 2 * c + 1] = acc[rg][1] + acc[rg][3];
-  }
-  if (c == 0) red[warp][g][kRowsB] = ss;
-  __syncthreads();
-  constexpr int kPairs = kRowsB / 2;
-  if (threadIdx.x >= a.T * kPairs) return;
-  const int t = threadIdx.x / kPairs, pr = threadIdx.x % kPairs;
-  float v0 = 0.f, v1 = 0.f, s = 0.f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    v0 += red[w][t][2 * pr];
-    v1 += red[w][t][2 * pr + 1];
-    s += red[w][t][kRowsB];
-  }
-  if constexpr (kNorm) {
-    const float inv = rsqrtf(s / a.K + a.norm_eps);
-    v0 *= inv;
-    v1 *= inv;
-  }
-  gemv_epilogue(a, t, n0 + 2 * pr, v0, v1);
+  mma_gemv_finish<kNorm, kRG>(a, n0, acc, ss);
 }
 
-bool is_mma_shape(GemvShape s) { return s == GemvShape::mma || s == GemvShape::mma8 || s == GemvShape::mma16; }
+// gemv_mma_kernel's products with x staged through a warp's shared memory,
+// so that its registers go to weights in flight (the FMA kernel's 256 bytes a
+// lane): per batch, lane l loads value 32 j + l of each token's x (and of the
+// norm's weights) for each of its kUnroll chunks j, one float a token, with
+// the weights; each chunk's values go to the warp's slots, and lane (g, c)
+// reads back its 8 values of token g. kTCap: the most tokens (2 or 8: the x
+// registers a batch are kUnroll x kTCap). Same products and sums in the same
+// order as gemv_mma_kernel for a given K split, so the same kernel (any
+// kTCap) serves every T bitwise.
+template <bool kNorm, int kRG, int kUnroll, int kTCap>
+__global__ void __launch_bounds__(kBlock, 4) gemv_mma_xs_kernel(GemvArgs<detail::bf16> a) {
+  constexpr int kWarps = kBlock / 32, kRowsB = 8 * kRG, kXRows = kTCap + (kNorm ? 1 : 0);
+  __shared__ __align__(16) float xs[kWarps][kUnroll][kXRows][32];  // [.., kTCap]: the norm's weights
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int n0 = blockIdx.x * kRowsB;
+  const int nvec = a.K / 8, nchunk = (nvec + 3) / 4;
+  const int T = min(a.T, kTCap);
+  const bool has_x = g < T;
+  const uint4* wr[kRG];
+  bool ok[kRG];
+#pragma unroll
+  for (int rg = 0; rg < kRG; ++rg) {
+    const int row = n0 + 8 * rg + g;
+    ok[rg] = row < a.N;
+    wr[rg] = reinterpret_cast<const uint4*>(a.w + size_t(ok[rg] ? row : 0) * a.K);
+  }
+  float acc[kRG][4];
+#pragma unroll
+  for (int rg = 0; rg < kRG; ++rg)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[rg][e] = 0.f;
+  float ss = 0.f;
+  const uint64_t pol = evict_first_policy();
+  detail::griddep_launch_dependents();
+
+  bool waited = false;
+  for (int base = warp; base < nchunk; base += kWarps * kUnroll) {
+    uint4 wv[kUnroll][kRG];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int vi = (base + u * kWarps) * 4 + c;
+#pragma unroll
+      for (int rg = 0; rg < kRG; ++rg)
+        wv[u][rg] = (ok[rg] && vi < nvec) ? ld_weights(wr[rg] + vi, pol) : make_uint4(0, 0, 0, 0);
+    }
+    if (!waited) {
+      detail::griddep_wait();
+      waited = true;
+    }
+    float xv[kUnroll][kXRows];  // value 32 j + lane of each token (and of the norm), one batch
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int k = (base + u * kWarps) * 32 + lane;
+      const bool live = k < a.K;
+#pragma unroll
+      for (int t = 0; t < kTCap; ++t) xv[u][t] = (live && t < T) ? a.x[size_t(t) * a.K + k] : 0.f;
+      if constexpr (kNorm) xv[u][kTCap] = live ? __ldg(a.norm + k) : 0.f;
+    }
+    __syncwarp();  // the previous batch's slots have been read
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+      for (int r = 0; r < kXRows; ++r) xs[warp][u][r][lane] = xv[u][r];
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (base + u * kWarps >= nchunk) break;  // warp-uniform
+      float h[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      if (has_x) {
+        const float4 x0 = *reinterpret_cast<const float4*>(&xs[warp][u][g][8 * c]);
+        const float4 x1 = *reinterpret_cast<const float4*>(&xs[warp][u][g][8 * c + 4]);
+        h[0] = x0.x, h[1] = x0.y, h[2] = x0.z, h[3] = x0.w, h[4] = x1.x, h[5] = x1.y, h[6] = x1.z, h[7] = x1.w;
+        if constexpr (kNorm) {
+          const float4 g0 = *reinterpret_cast<const float4*>(&xs[warp][u][kTCap][8 * c]);
+          const float4 g1 = *reinterpret_cast<const float4*>(&xs[warp][u][kTCap][8 * c + 4]);
+          const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+          for (int e = 0; e < 8; ++e) ss = fmaf(h[e], h[e], ss);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) h[e] *= a.norm_add + gv[e];
+        }
+      }
+      uint32_t af[2][4];
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        split_bf16(h[4 * m], h[4 * m + 1], af[m][0], af[m][1]);
+        split_bf16(h[4 * m + 2], h[4 * m + 3], af[m][2], af[m][3]);
+      }
+#pragma unroll
+      for (int rg = 0; rg < kRG; ++rg) {
+        Mma<detail::bf16>::mma(acc[rg], af[0], wv[u][rg].x, wv[u][rg].y);
+        Mma<detail::bf16>::mma(acc[rg], af[1], wv[u][rg].z, wv[u][rg].w);
+      }
+    }
+  }
+  if (!waited) detail::griddep_wait();
+  mma_gemv_finish<kNorm, kRG>(a, n0, acc, ss);
+}
+
+bool is_mma_shape(GemvShape s) {
+  return s == GemvShape::mma || s == GemvShape::mma8 || s == GemvShape::mma16 || s == GemvShape::mmax;
+}
+
+// mmax: gemv_mma_xs_kernel, 16 rows a block while that gives two blocks an
+// SM, else 8; x slots for 2 tokens at T <= 2, else 8 (the same sums).
+template <bool kNorm>
+void launch_gemv_mma_xs(const GemvArgs<detail::bf16>& a, Launch stream) {
+  const bool wide = ceil_div(a.N, 16) >= 2 * sm_count(), few = a.T <= 2;
+  if (wide)
+    launch(few ? gemv_mma_xs_kernel<kNorm, 2, 8, 2> : gemv_mma_xs_kernel<kNorm, 2, 6, kMaxGemvTokens>,
+           dim3(ceil_div(a.N, 16)), dim3(kBlock), 0, stream, a);
+  else
+    launch(few ? gemv_mma_xs_kernel<kNorm, 1, 12, 2> : gemv_mma_xs_kernel<kNorm, 1, 8, kMaxGemvTokens>,
+           dim3(ceil_div(a.N, 8)), dim3(kBlock), 0, stream, a);
+}
 
 // mma: 16 rows a block while that still gives two blocks an SM, else 8.
 template <bool kNorm>
 void launch_gemv_mma(const GemvArgs<detail::bf16>& a, GemvShape shape, Launch stream) {
+  if (shape == GemvShape::mmax) {
+    launch_gemv_mma_xs<kNorm>(a, stream);
+    return;
+  }
   if (shape == GemvShape::mma) shape = ceil_div(a.N, 16) >= 2 * sm_count() ? GemvShape::mma16 : GemvShape::mma8;
   if (shape == GemvShape::mma16)
     launch(gemv_mma_kernel<kNorm, 2, 4>, dim3(ceil_div(a.N, 16)), dim3(kBlock), 0, stream, a);
