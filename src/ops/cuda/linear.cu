@@ -643,35 +643,30 @@ __device__ __forceinline__ void mma_gemv_finish(const GemvArgs<detail::bf16>& a,
   gemv_epilogue(a, t, n0 + 2 * pr, v0, v1);
 }
 
-template <bool kNorm, int kRG, int kUnroll>
-__global__ void __launch_bounds__(kBlock) gemv_mma_kernel(GemvArgs<detail::bf16> a) {
-  constexpr int kWarps = kBlock / 32, kRowsB = 8 * kRG;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int n0 = blockIdx.x * kRowsB;
-  const int nvec = a.K / 8, nchunk = (nvec + 3) / 4;
-  const bool has_x = g < a.T;
+// What the tensor-core GEMV kernels share: lane (g, c)'s weight rows (row g
+// of each group of 8; rows past N read row 0 and are never stored), its
+// accumulators and the norm's sum of squares, a batch of weight loads, and
+// one chunk's products.
+template <int kRG>
+struct MmaGemvLane {
+  static constexpr int kWarps = kBlock / 32;
   const uint4* wr[kRG];
   bool ok[kRG];
-#pragma unroll
-  for (int rg = 0; rg < kRG; ++rg) {
-    const int row = n0 + 8 * rg + g;
-    ok[rg] = row < a.N;
-    wr[rg] = reinterpret_cast<const uint4*>(a.w + size_t(ok[rg] ? row : 0) * a.K);
-  }
-  const float4* xt = reinterpret_cast<const float4*>(a.x + size_t(has_x ? g : 0) * a.K);
-  const float4* nt = reinterpret_cast<const float4*>(a.norm);
   float acc[kRG][4];
-#pragma unroll
-  for (int rg = 0; rg < kRG; ++rg)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[rg][e] = 0.f;
   float ss = 0.f;
-  const uint64_t pol = evict_first_policy();
-  detail::griddep_launch_dependents();
-
-  bool waited = false;
-  for (int base = warp; base < nchunk; base += kWarps * kUnroll) {
-    uint4 wv[kUnroll][kRG];
+  __device__ __forceinline__ MmaGemvLane(const GemvArgs<detail::bf16>& a, int n0, int g) {
+#pragma unroll
+    for (int rg = 0; rg < kRG; ++rg) {
+      const int row = n0 + 8 * rg + g;
+      ok[rg] = row < a.N;
+      wr[rg] = reinterpret_cast<const uint4*>(a.w + size_t(ok[rg] ? row : 0) * a.K);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[rg][e] = 0.f;
+    }
+  }
+  // The lane's 16 bytes of chunks base, base + kWarps, ... (kUnroll of them).
+  template <int kUnroll>
+  __device__ __forceinline__ void load(uint4 (&wv)[kUnroll][kRG], int base, int c, int nvec, uint64_t pol) const {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = (base + u * kWarps) * 4 + c;
@@ -679,6 +674,49 @@ __global__ void __launch_bounds__(kBlock) gemv_mma_kernel(GemvArgs<detail::bf16>
       for (int rg = 0; rg < kRG; ++rg)
         wv[u][rg] = (ok[rg] && vi < nvec) ? ld_weights(wr[rg] + vi, pol) : make_uint4(0, 0, 0, 0);
     }
+  }
+  // One chunk: h = the lane's 8 values of its token's x (zeros for no
+  // token); under the norm, the sum of squares and h *= norm_add + gv; then
+  // x as two rounded halves (A) against the weights (B).
+  template <bool kNorm>
+  __device__ __forceinline__ void chunk(float (&h)[8], const float (&gv)[8], float norm_add, const uint4 (&wv)[kRG]) {
+    if constexpr (kNorm) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) ss = fmaf(h[i], h[i], ss);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) h[i] *= norm_add + gv[i];
+    }
+    uint32_t af[2][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+      split_bf16(h[4 * m], h[4 * m + 1], af[m][0], af[m][1]);
+      split_bf16(h[4 * m + 2], h[4 * m + 3], af[m][2], af[m][3]);
+    }
+#pragma unroll
+    for (int rg = 0; rg < kRG; ++rg) {
+      Mma<detail::bf16>::mma(acc[rg], af[0], wv[rg].x, wv[rg].y);
+      Mma<detail::bf16>::mma(acc[rg], af[1], wv[rg].z, wv[rg].w);
+    }
+  }
+};
+
+template <bool kNorm, int kRG, int kUnroll>
+__global__ void __launch_bounds__(kBlock) gemv_mma_kernel(GemvArgs<detail::bf16> a) {
+  constexpr int kWarps = kBlock / 32;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+  const int n0 = blockIdx.x * 8 * kRG;
+  const int nvec = a.K / 8, nchunk = (nvec + 3) / 4;
+  const bool has_x = g < a.T;
+  MmaGemvLane<kRG> L(a, n0, g);
+  const float4* xt = reinterpret_cast<const float4*>(a.x + size_t(has_x ? g : 0) * a.K);
+  const float4* nt = reinterpret_cast<const float4*>(a.norm);
+  const uint64_t pol = evict_first_policy();
+  detail::griddep_launch_dependents();
+
+  bool waited = false;
+  for (int base = warp; base < nchunk; base += kWarps * kUnroll) {
+    uint4 wv[kUnroll][kRG];
+    L.load(wv, base, c, nvec, pol);
     if (!waited) {
       detail::griddep_wait();
       waited = true;
@@ -696,32 +734,16 @@ __global__ void __launch_bounds__(kBlock) gemv_mma_kernel(GemvArgs<detail::bf16>
       if (base + u * kWarps >= nchunk) break;  // warp-uniform
       const int vi = (base + u * kWarps) * 4 + c;
       float h[8] = {xv[u][0].x, xv[u][0].y, xv[u][0].z, xv[u][0].w, xv[u][1].x, xv[u][1].y, xv[u][1].z, xv[u][1].w};
-      if constexpr (kNorm) {
-        if (has_x && vi < nvec) {
-          const float4 g0 = nt[2 * vi], g1 = nt[2 * vi + 1];
-          const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-#pragma unroll
-          for (int i = 0; i < 8; ++i) ss = fmaf(h[i], h[i], ss);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) h[i] *= a.norm_add + gv[i];
-        }
+      float gv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};  // (h is 0 where gv is)
+      if (kNorm && has_x && vi < nvec) {
+        const float4 g0 = nt[2 * vi], g1 = nt[2 * vi + 1];
+        gv[0] = g0.x, gv[1] = g0.y, gv[2] = g0.z, gv[3] = g0.w, gv[4] = g1.x, gv[5] = g1.y, gv[6] = g1.z, gv[7] = g1.w;
       }
-      uint32_t af[2][4];
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        split_bf16(h[4 * m], h[4 * m + 1], af[m][0], af[m][1]);
-        split_bf16(h[4 * m + 2], h[4 * m + 3], af[m][2], af[m][3]);
-      }
-#pragma unroll
-      for (int rg = 0; rg < kRG; ++rg) {
-        Mma<detail::bf16>::mma(acc[rg], af[0], wv[u][rg].x, wv[u][rg].y);
-        Mma<detail::bf16>::mma(acc[rg], af[1], wv[u][rg].z, wv[u][rg].w);
-      }
+      L.template chunk<kNorm>(h, gv, a.norm_add, wv[u]);
     }
   }
   if (!waited) detail::griddep_wait();
-
-  mma_gemv_finish<kNorm, kRG>(a, n0, acc, ss);
+  mma_gemv_finish<kNorm, kRG>(a, n0, L.acc, L.ss);
 }
 
 // gemv_mma_kernel's products with x staged through a warp's shared memory,
@@ -735,40 +757,21 @@ __global__ void __launch_bounds__(kBlock) gemv_mma_kernel(GemvArgs<detail::bf16>
 // kTCap) serves every T bitwise.
 template <bool kNorm, int kRG, int kUnroll, int kTCap>
 __global__ void __launch_bounds__(kBlock, 4) gemv_mma_xs_kernel(GemvArgs<detail::bf16> a) {
-  constexpr int kWarps = kBlock / 32, kRowsB = 8 * kRG, kXRows = kTCap + (kNorm ? 1 : 0);
+  constexpr int kWarps = kBlock / 32, kXRows = kTCap + (kNorm ? 1 : 0);
   __shared__ __align__(16) float xs[kWarps][kUnroll][kXRows][32];  // [.., kTCap]: the norm's weights
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int n0 = blockIdx.x * kRowsB;
+  const int n0 = blockIdx.x * 8 * kRG;
   const int nvec = a.K / 8, nchunk = (nvec + 3) / 4;
   const int T = min(a.T, kTCap);
   const bool has_x = g < T;
-  const uint4* wr[kRG];
-  bool ok[kRG];
-#pragma unroll
-  for (int rg = 0; rg < kRG; ++rg) {
-    const int row = n0 + 8 * rg + g;
-    ok[rg] = row < a.N;
-    wr[rg] = reinterpret_cast<const uint4*>(a.w + size_t(ok[rg] ? row : 0) * a.K);
-  }
-  float acc[kRG][4];
-#pragma unroll
-  for (int rg = 0; rg < kRG; ++rg)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[rg][e] = 0.f;
-  float ss = 0.f;
+  MmaGemvLane<kRG> L(a, n0, g);
   const uint64_t pol = evict_first_policy();
   detail::griddep_launch_dependents();
 
   bool waited = false;
   for (int base = warp; base < nchunk; base += kWarps * kUnroll) {
     uint4 wv[kUnroll][kRG];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int vi = (base + u * kWarps) * 4 + c;
-#pragma unroll
-      for (int rg = 0; rg < kRG; ++rg)
-        wv[u][rg] = (ok[rg] && vi < nvec) ? ld_weights(wr[rg] + vi, pol) : make_uint4(0, 0, 0, 0);
-    }
+    L.load(wv, base, c, nvec, pol);
     if (!waited) {
       detail::griddep_wait();
       waited = true;
@@ -791,7 +794,7 @@ __global__ void __launch_bounds__(kBlock, 4) gemv_mma_xs_kernel(GemvArgs<detail:
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (base + u * kWarps >= nchunk) break;  // warp-uniform
-      float h[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      float h[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, gv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       if (has_x) {
         const float4 x0 = *reinterpret_cast<const float4*>(&xs[warp][u][g][8 * c]);
         const float4 x1 = *reinterpret_cast<const float4*>(&xs[warp][u][g][8 * c + 4]);
@@ -799,28 +802,14 @@ __global__ void __launch_bounds__(kBlock, 4) gemv_mma_xs_kernel(GemvArgs<detail:
         if constexpr (kNorm) {
           const float4 g0 = *reinterpret_cast<const float4*>(&xs[warp][u][kTCap][8 * c]);
           const float4 g1 = *reinterpret_cast<const float4*>(&xs[warp][u][kTCap][8 * c + 4]);
-          const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-#pragma unroll
-          for (int e = 0; e < 8; ++e) ss = fmaf(h[e], h[e], ss);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) h[e] *= a.norm_add + gv[e];
+          gv[0] = g0.x, gv[1] = g0.y, gv[2] = g0.z, gv[3] = g0.w, gv[4] = g1.x, gv[5] = g1.y, gv[6] = g1.z, gv[7] = g1.w;
         }
       }
-      uint32_t af[2][4];
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        split_bf16(h[4 * m], h[4 * m + 1], af[m][0], af[m][1]);
-        split_bf16(h[4 * m + 2], h[4 * m + 3], af[m][2], af[m][3]);
-      }
-#pragma unroll
-      for (int rg = 0; rg < kRG; ++rg) {
-        Mma<detail::bf16>::mma(acc[rg], af[0], wv[u][rg].x, wv[u][rg].y);
-        Mma<detail::bf16>::mma(acc[rg], af[1], wv[u][rg].z, wv[u][rg].w);
-      }
+      L.template chunk<kNorm>(h, gv, a.norm_add, wv[u]);
     }
   }
   if (!waited) detail::griddep_wait();
-  mma_gemv_finish<kNorm, kRG>(a, n0, acc, ss);
+  mma_gemv_finish<kNorm, kRG>(a, n0, L.acc, L.ss);
 }
 
 bool is_mma_shape(GemvShape s) {
