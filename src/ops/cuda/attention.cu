@@ -1321,16 +1321,6 @@ constexpr size_t decode_mma_smem() {
          size_t(2 * kMmaHeads + kWarps * kMmaStages * 2 * kMmaKeys) * (D + 8) * 2;
 }
 
-// hi + lo of (x0, x1) in the storage type: two registers of A fragments.
-template <typename S>
-__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  float unused = 0.f;
-  hi = Mma<S>::pack(x0, x1, unused);
-  S h[2];
-  memcpy(h, &hi, 4);
-  lo = Mma<S>::pack(x0 - detail::to_f32(h[0]), x1 - detail::to_f32(h[1]), unused);
-}
-
 // One sub-tile's online-softmax step of a decode_mma lane: x holds its four
 // scores of head g (keys 2 c, 2 c + 1, 8 + 2 c, 9 + 2 c; -inf past the
 // span). The running max over the lane's quad, p = exp(x - m) into pr, l_run

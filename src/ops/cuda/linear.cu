@@ -598,13 +598,6 @@ void launch_gemv_multi(const GemvArgs<W>& a, Tuning::Multi multi, Launch stream)
 // llama3.1-8b 6.56 vs 5.58 ms), while 5 tokens cost 1.2x one (the default's
 // 1.5x). Two attempts at more bytes in flight (a cp.async ring; x read as
 // used) were slower: docs/design.md.
-__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(x0 - hf.x, x1 - hf.y);
-  memcpy(&hi, &h, 4);
-  memcpy(&lo, &l, 4);
-}
 
 // The end of a tensor-core GEMV block: each warp's row sums of token g
 // (the hi and lo rows added) and sum of squares through shared memory, added
@@ -664,15 +657,22 @@ struct MmaGemvLane {
       for (int e = 0; e < 4; ++e) acc[rg][e] = 0.f;
     }
   }
-  // The lane's 16 bytes of chunks base, base + kWarps, ... (kUnroll of them).
+  // The lane's 16 bytes of chunks base, base + kWarps, ... (kUnroll of them),
+  // then, after the first batch only, the wait for the previous kernel
+  // (PDL): weights never depend on it, x does.
   template <int kUnroll>
-  __device__ __forceinline__ void load(uint4 (&wv)[kUnroll][kRG], int base, int c, int nvec, uint64_t pol) const {
+  __device__ __forceinline__ void load(uint4 (&wv)[kUnroll][kRG], int base, int c, int nvec, uint64_t pol,
+                                       bool& waited) const {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int vi = (base + u * kWarps) * 4 + c;
 #pragma unroll
       for (int rg = 0; rg < kRG; ++rg)
         wv[u][rg] = (ok[rg] && vi < nvec) ? ld_weights(wr[rg] + vi, pol) : make_uint4(0, 0, 0, 0);
+    }
+    if (!waited) {
+      detail::griddep_wait();
+      waited = true;
     }
   }
   // One chunk: h = the lane's 8 values of its token's x (zeros for no
@@ -689,8 +689,8 @@ struct MmaGemvLane {
     uint32_t af[2][4];
 #pragma unroll
     for (int m = 0; m < 2; ++m) {
-      split_bf16(h[4 * m], h[4 * m + 1], af[m][0], af[m][1]);
-      split_bf16(h[4 * m + 2], h[4 * m + 3], af[m][2], af[m][3]);
+      split_pair<detail::bf16>(h[4 * m], h[4 * m + 1], af[m][0], af[m][1]);
+      split_pair<detail::bf16>(h[4 * m + 2], h[4 * m + 3], af[m][2], af[m][3]);
     }
 #pragma unroll
     for (int rg = 0; rg < kRG; ++rg) {
@@ -716,11 +716,7 @@ __global__ void __launch_bounds__(kBlock) gemv_mma_kernel(GemvArgs<detail::bf16>
   bool waited = false;
   for (int base = warp; base < nchunk; base += kWarps * kUnroll) {
     uint4 wv[kUnroll][kRG];
-    L.load(wv, base, c, nvec, pol);
-    if (!waited) {
-      detail::griddep_wait();
-      waited = true;
-    }
+    L.load(wv, base, c, nvec, pol, waited);
     float4 xv[kUnroll][2];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -771,11 +767,7 @@ __global__ void __launch_bounds__(kBlock, 4) gemv_mma_xs_kernel(GemvArgs<detail:
   bool waited = false;
   for (int base = warp; base < nchunk; base += kWarps * kUnroll) {
     uint4 wv[kUnroll][kRG];
-    L.load(wv, base, c, nvec, pol);
-    if (!waited) {
-      detail::griddep_wait();
-      waited = true;
-    }
+    L.load(wv, base, c, nvec, pol, waited);
     float xv[kUnroll][kXRows];  // value 32 j + lane of each token (and of the norm), one batch
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
@@ -894,7 +886,6 @@ void launch_gemv(const GemvArgs<W>& a, GemvShape shape, Tuning::Multi multi, Lau
 
 // ---------------------------------------------------------------- quantized weights, T <= kMaxGemvTokens
 
-__device__ __forceinline__ float magic(uint32_t bits) { return detail::small_uint_to_f32(bits); }
 
 // dot(q, x) for the 32 (4-bit) or 16 (8-bit) quantized values of one 16-byte
 // vector, x: the matching f32 values (h, registers). Each value is converted
@@ -910,14 +901,14 @@ __device__ __forceinline__ float qdot16(uint4 w, const float* x) {
     for (int i = 0; i < 4; ++i) {
       const uint32_t v = wd[i], hi = v >> 20;  // nibbles 5..7 at bits 0..11
       const float* xi = x + 8 * i;
-      a0 = fmaf(magic(v & 0xFu), xi[0], a0);
-      a1 = fmaf(magic(v & 0xF0u), xi[1], a1);
-      a2 = fmaf(magic(v & 0xF00u), xi[2], a2);
-      a3 = fmaf(magic(v & 0xF000u), xi[3], a3);
-      a4 = fmaf(magic(v & 0xF0000u), xi[4], a4);
-      a0 = fmaf(magic(hi & 0xFu), xi[5], a0);
-      a1 = fmaf(magic(hi & 0xF0u), xi[6], a1);
-      a2 = fmaf(magic(hi & 0xF00u), xi[7], a2);
+      a0 = fmaf(detail::small_uint_to_f32(v & 0xFu), xi[0], a0);
+      a1 = fmaf(detail::small_uint_to_f32(v & 0xF0u), xi[1], a1);
+      a2 = fmaf(detail::small_uint_to_f32(v & 0xF00u), xi[2], a2);
+      a3 = fmaf(detail::small_uint_to_f32(v & 0xF000u), xi[3], a3);
+      a4 = fmaf(detail::small_uint_to_f32(v & 0xF0000u), xi[4], a4);
+      a0 = fmaf(detail::small_uint_to_f32(hi & 0xFu), xi[5], a0);
+      a1 = fmaf(detail::small_uint_to_f32(hi & 0xF0u), xi[6], a1);
+      a2 = fmaf(detail::small_uint_to_f32(hi & 0xF00u), xi[7], a2);
     }
     return a0 + a1 * (1.f / 16) + a2 * (1.f / 256) + a3 * (1.f / 4096) + a4 * (1.f / 65536);
   } else {
@@ -927,10 +918,10 @@ __device__ __forceinline__ float qdot16(uint4 w, const float* x) {
     for (int i = 0; i < 4; ++i) {
       const uint32_t v = wd[i], hi = v >> 16;
       const float* xi = x + 4 * i;
-      a0 = fmaf(magic(v & 0xFFu), xi[0], a0);
-      a1 = fmaf(magic(v & 0xFF00u), xi[1], a1);
-      a0 = fmaf(magic(hi & 0xFFu), xi[2], a0);
-      a1 = fmaf(magic(hi & 0xFF00u), xi[3], a1);
+      a0 = fmaf(detail::small_uint_to_f32(v & 0xFFu), xi[0], a0);
+      a1 = fmaf(detail::small_uint_to_f32(v & 0xFF00u), xi[1], a1);
+      a0 = fmaf(detail::small_uint_to_f32(hi & 0xFFu), xi[2], a0);
+      a1 = fmaf(detail::small_uint_to_f32(hi & 0xFF00u), xi[3], a1);
     }
     return a0 + a1 * (1.f / 256);
   }

@@ -54,6 +54,19 @@ struct Mma {
 };
 #undef KVGRAPH_MMA_16816
 
+// hi + lo of (x0, x1) in the storage type: two registers of A fragments
+// (the rounded values, then what the rounding lost, rounded), so an operand
+// carries ~16 bits. The decode attention splits q and P, the tensor-core
+// GEMV x.
+template <typename S>
+__device__ __forceinline__ void split_pair(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  float unused = 0.f;
+  hi = Mma<S>::pack(x0, x1, unused);
+  S h[2];
+  memcpy(h, &hi, 4);
+  lo = Mma<S>::pack(x0 - detail::to_f32(h[0]), x1 - detail::to_f32(h[1]), unused);
+}
+
 __device__ __forceinline__ void ldmatrix_x4(uint32_t* r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
