@@ -16,11 +16,8 @@ set -u
 cd "$(dirname "$0")/.."
 DL=${DL:-540}
 OUT=${OUT:-/tmp}
-nvidia-smi --query-gpu=name --format=csv,noheader
-mkdir -p build/cuda && xz -dc build/carry_next.txz | tar -C build/cuda -xf - && export LD_LIBRARY_PATH=$PWD/build/cuda/lib
-echo "== GPU tests ($SECONDS s)"
-timeout 150 build/cuda/kvgraph_gpu_tests --gtest_filter='CudaLinear.*:CudaMultiToken.*' 2>&1 |
-  grep -E '^\[  (PASSED|FAILED) |^\[==========\]|FAILED|Failure|Expected|Which is|error|norm_err' | head -30
+source bench/call_setup.sh
+gpu_tests 'CudaLinear.*:CudaMultiToken.*'
 echo "== decode and verify T=5, gemv variants ($SECONDS s)"
 VARIANTS=${VARIANTS:-"auto mma mmax"}
 for round in 1 2; do

@@ -8,11 +8,8 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp}
-nvidia-smi --query-gpu=name --format=csv,noheader
-mkdir -p build/cuda && xz -dc build/carry_next.txz | tar -C build/cuda -xf - && export LD_LIBRARY_PATH=$PWD/build/cuda/lib
-echo "== GPU tests ($SECONDS s)"
-timeout 100 build/cuda/kvgraph_gpu_tests --gtest_filter='CudaQuantLinear.*:*CudaQuantModel*' 2>&1 |
-  grep -E '^\[  (PASSED|FAILED) |^\[==========\]|FAILED|Failure|Expected|Which is|error' | head -20
+source bench/call_setup.sh
+gpu_tests 'CudaQuantLinear.*:*CudaQuantModel*' 100
 echo "== int4 g64 prefill, prompt 512: fused (qmma=512) vs slabs (qmma=0) ($SECONDS s)"
 for round in 1 2; do
   for chunk in 64 128 256 512; do
