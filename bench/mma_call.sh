@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # The bf16 GEMV on the tensor cores against the default: `--tune
 # gemv=mma|mma8|mma16` (weights and x of a batch in registers) and
-# `gemv=mmax` (x staged through shared memory; session 22 left it compiled,
-# not yet run), one kernel for every T <= 8.
+# `gemv=mmax` (x staged through shared memory) and `gemv=mmac|mmac2|mmacu`
+# (split along K over a cluster), one kernel for every T <= 8.
 # Carry build/carry_next.txz, made by
 #   bench/pack_carry.sh build/cuda-nc/kvgraph build/cuda-nc/kvgraph_gpu_tests
-# then: DL=540 VARIANTS="auto mma mmax" bash bench/mma_call.sh
+# then: DL=540 VARIANTS="auto mmax mmac" PROFILE=mmac bash bench/mma_call.sh
 # 0. the GEMV tests (CPU reference, one-token rows == several-token rows);
 # 1. decode and the T = 5 verify step, default GEMV against the mma shapes,
 #    interleaved, same binary (issue 16: verify <= 1.25x decode; decode must
 #    not get slower for the mma GEMV to become the default);
 # 2. racecheck and memcheck on the new tests; 3. ncu of a decode step under
-#    gemv=mmax (bytes read and time per GEMV against the default's).
+#    gemv=$PROFILE (bytes read and time per GEMV against the default's).
 set -u
 cd "$(dirname "$0")/.."
 DL=${DL:-540}
@@ -42,7 +42,8 @@ for tool in racecheck memcheck; do
   timeout 40 compute-sanitizer --tool $tool --error-exitcode 9 build/cuda/kvgraph_gpu_tests \
     --gtest_filter='CudaLinear.MmaGemv*' 2>&1 | tail -3
 done
-echo "== ncu: GEMVs of a decode step, gemv=mmax ($SECONDS s)"
-timeout 150 python3 bench/profile_step.py synthetic:llama3.1-8b --kvgraph build/cuda/kvgraph --tune gemv=mmax \
-  > "$OUT/decode_profile_mmax.txt" 2>&1; grep -A8 "^kind" "$OUT/decode_profile_mmax.txt"
+PROFILE=${PROFILE:-mmax}
+echo "== ncu: GEMVs of a decode step, gemv=$PROFILE ($SECONDS s)"
+timeout 150 python3 bench/profile_step.py synthetic:llama3.1-8b --kvgraph build/cuda/kvgraph --tune gemv=$PROFILE \
+  > "$OUT/decode_profile_$PROFILE.txt" 2>&1; grep -A8 "^kind" "$OUT/decode_profile_$PROFILE.txt"
 echo "done ($SECONDS s)"

@@ -20,8 +20,10 @@ struct Tuning {
   // llama3.1-8b: 6.56 vs 5.58 ms; docs/design.md), so it is not the default.
   // mmax: the same products with x staged through shared memory (one
   // float a lane a token in registers), so registers go to weights in flight
-  // (compiled, not yet run on a GPU).
-  enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16, mmax };
+  // (H100, llama3.1-8b: 6.15 ms, verify 1.26x). mmac / mmac2 / mmacu: split
+  // along K over a thread-block cluster, x staged once a block as the mma's
+  // bf16 halves (8 rows and 8 chunks a warp / 16 rows / 8 rows and 16 chunks).
+  enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16, mmax, mmac, mmac2, mmacu };
   Gemv gemv = Gemv::automatic;
   // Decode (T <= kMaxDecodeQueries) attention: fast (the decode kernel,
   // K/V rows read straight from global memory), staged (the decode kernel
