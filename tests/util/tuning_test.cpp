@@ -12,17 +12,18 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash,qmma=auto");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,verify-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash,qmma=auto");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
   const Tuning t =
-      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,attn-merge=global,attn-prefetch=on,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy,qmma=256");
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,verify-heads=1,attn-chunk=64,attn-merge=global,attn-prefetch=on,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy,qmma=256");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::legacy);
   EXPECT_EQ(t.attn_heads, 2);
+  EXPECT_EQ(t.verify_heads, 1);
   EXPECT_EQ(t.attn_chunk, 64);
   EXPECT_EQ(t.attn_merge, Tuning::AttnMerge::global);
   EXPECT_TRUE(t.attn_prefetch);
@@ -98,6 +99,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   };
   expect_error("gemv=fast", "gemv=fast: expected auto, block2, warp2, warp4, mma, mma8, mma16, mmax, mmac, mmac2 or mmacu");
   expect_error("attn-heads=3", "attn-heads=3");
+  expect_error("verify-heads=3", "verify-heads=3: expected auto, 1, 2, 4 or 8");
   expect_error("attn-chunk=-1", "attn-chunk=-1");
   expect_error("attn-chunk=12x", "attn-chunk=12x");
   expect_error("pdl=maybe", "pdl=maybe");
@@ -110,7 +112,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   expect_error("prefill-attn=fast", "prefill-attn=fast");
   expect_error("attn-merge=atomic", "attn-merge=atomic: expected cluster or global");
   expect_error("attn-prefetch=yes", "attn-prefetch=yes: expected on or off");
-  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn, qmma)");
+  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, verify-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn, qmma)");
   expect_error("gemv", "expected key=value");
 }
 
