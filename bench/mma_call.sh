@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 DL=${DL:-540}
 OUT=${OUT:-/tmp}
 source bench/call_setup.sh
-gpu_tests "${TESTS:-CudaLinear.*:CudaMultiToken.*}"
+gpu_tests "${TESTS:-CudaLinear.*:CudaMultiToken.*}" "${TESTS_S:-150}"
 echo "== decode and verify T=5, gemv variants ($SECONDS s)"
 VARIANTS=${VARIANTS:-"auto mma mmax"}
 for round in 1 2; do
@@ -44,12 +44,14 @@ for tool in racecheck memcheck; do
     --gtest_filter="${SANITIZE:-CudaLinear.MmaGemv*}" 2>&1 | tail -3
 done
 PROFILE=${PROFILE:-mmax}
-echo "== ncu: GEMVs of a decode step, gemv=$PROFILE ($SECONDS s)"
-timeout 150 python3 bench/profile_step.py synthetic:llama3.1-8b --kvgraph build/cuda/kvgraph --tune gemv=$PROFILE \
-  > "$OUT/decode_profile_$PROFILE.txt" 2>&1; grep -A8 "^kind" "$OUT/decode_profile_$PROFILE.txt"
-if [ -n "${VPROFILE:-}" ] && [ "$SECONDS" -lt $((DL - 100)) ]; then
+if [ "$SECONDS" -lt $((DL - 90)) ]; then
+  echo "== ncu: GEMVs of a decode step, gemv=$PROFILE ($SECONDS s)"
+  timeout $((DL - SECONDS)) python3 bench/profile_step.py synthetic:llama3.1-8b --kvgraph build/cuda/kvgraph \
+    --tune gemv=$PROFILE > "$OUT/decode_profile_$PROFILE.txt" 2>&1; grep -A8 "^kind" "$OUT/decode_profile_$PROFILE.txt"
+fi
+if [ -n "${VPROFILE:-}" ] && [ "$SECONDS" -lt $((DL - 90)) ]; then
   echo "== ncu: a 5-token verify step, --tune $VPROFILE ($SECONDS s)"
-  timeout 120 python3 bench/profile_step.py synthetic:llama3.1-8b --kvgraph build/cuda/kvgraph --verify-tokens 5 \
+  timeout $((DL - SECONDS)) python3 bench/profile_step.py synthetic:llama3.1-8b --kvgraph build/cuda/kvgraph --verify-tokens 5 \
     --tune "$VPROFILE" > "$OUT/verify_profile.txt" 2>&1; grep -A8 "^kind" "$OUT/verify_profile.txt"
 fi
 echo "done ($SECONDS s)"
