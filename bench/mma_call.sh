@@ -5,7 +5,11 @@
 # (split along K over a cluster), one kernel for every T <= 8.
 # Carry build/carry_next.txz, made by
 #   bench/pack_carry.sh build/cuda-nc/kvgraph build/cuda-nc/kvgraph_gpu_tests
-# then: DL=540 VARIANTS="auto mmax mmac" PROFILE=mmac bash bench/mma_call.sh
+# then, e.g. (a variant is a GEMV name or a whole --tune string):
+#   DL=500 TESTS='CudaLinear.Mma*:CudaMultiToken.*:CudaAttention.SeveralQuery*' \
+#   VARIANTS="auto mmac mmacu mmac2 gemv=auto,verify-heads=4 gemv=mmac,verify-heads=4" \
+#   SANITIZE='CudaLinear.MmaGemv*:CudaAttention.SeveralQuery*' PROFILE=mmac VPROFILE=verify-heads=4 \
+#   bash bench/mma_call.sh
 # 0. the GEMV tests (CPU reference, one-token rows == several-token rows);
 # 1. decode and the T = 5 verify step, default GEMV against the mma shapes,
 #    interleaved, same binary (issue 16: verify <= 1.25x decode; decode must

@@ -2933,8 +2933,7 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
     const int one_bucket = bucket;
     if constexpr (!is_quant<S>) {
       if (decode && !mma && p.T > 1 && !decode_staged<S>(ws, p.head_dim)) {
-        const int vh = ws.tuning().verify_heads > 0 ? ws.tuning().verify_heads : 4;
-        bucket = group_bucket(std::min(G, vh));
+        if (ws.tuning().verify_heads > 0) bucket = group_bucket(std::min(G, ws.tuning().verify_heads));
       }
     }
     a.zgroups = (G + bucket - 1) / bucket;
