@@ -20,8 +20,11 @@ struct Tuning {
   // llama3.1-8b: 6.56 vs 5.58 ms; docs/design.md), so it is not the default.
   // mmax: the same products with x staged through shared memory (one
   // float a lane a token in registers), so registers go to weights in flight
-  // (compiled, not yet run on a GPU).
-  enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16, mmax };
+  // (H100, llama3.1-8b: 6.15 ms, verify 1.26x). mmac / mmac2 / mmacu: split
+  // along K over a thread-block cluster, x staged once a block as the mma's
+  // bf16 halves (8 rows and 8 chunks a warp / 16 rows / 8 rows and 16 chunks;
+  // compiled, not yet run on a GPU).
+  enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16, mmax, mmac, mmac2, mmacu };
   Gemv gemv = Gemv::automatic;
   // Decode (T <= kMaxDecodeQueries) attention: fast (the decode kernel,
   // K/V rows read straight from global memory), staged (the decode kernel
@@ -38,6 +41,15 @@ struct Tuning {
   enum class DecodeAttn : uint8_t { automatic, fast, staged, legacy, mma };
   DecodeAttn decode_attn = DecodeAttn::automatic;
   int attn_heads = 0;   // most query heads per decode block (1, 2, 4, 8); 0: by span
+  // Steps of 2..kMaxDecodeQueries queries (a speculative verify step) over
+  // f32/16-bit pools under the fast decode kernel: query heads a block (1,
+  // 2, 4, 8; 0: as many as a one-token step's), so each K/V row is read
+  // once for that many heads, with the split count a one-token step takes
+  // (each row stays bitwise a one-token step's: a head's sums do not depend
+  // on its block's heads). Written for issue 16 (a 5-token verify step on
+  // llama3.1-8b spends 34 us a layer in attention against 13 for one
+  // query), not yet run on a GPU: the default stays until it is measured.
+  int verify_heads = 0;
   int attn_chunk = 0;   // fewest keys per decode split; 0: from the head dim
   // How a decode step's splits merge: cluster (the step's splits of one head
   // group are one thread-block cluster, up to kMaxClusterSplits of them; each
@@ -116,7 +128,7 @@ struct Tuning {
 
   // Spelled out: the CUDA sources, which include this, are C++17.
   bool operator==(const Tuning& o) const {
-    return gemv == o.gemv && decode_attn == o.decode_attn && attn_heads == o.attn_heads &&
+    return gemv == o.gemv && decode_attn == o.decode_attn && attn_heads == o.attn_heads && verify_heads == o.verify_heads &&
            attn_chunk == o.attn_chunk && attn_merge == o.attn_merge && attn_prefetch == o.attn_prefetch && programmatic_launch == o.programmatic_launch &&
            quantized_int8_x == o.quantized_int8_x && quantized_stream == o.quantized_stream &&
            qring_chunk == o.qring_chunk && qring_stages == o.qring_stages && qring_blocks == o.qring_blocks &&
@@ -124,7 +136,7 @@ struct Tuning {
            prefill_attn == o.prefill_attn && qmma_tokens == o.qmma_tokens;
   }
 
-  // "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash,qmma=auto":
+  // "gemv=auto,attn=auto,attn-heads=auto,verify-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash,qmma=auto":
   // every field, in the form parse() reads.
   std::string describe() const;
   // Comma-separated key=value pairs over the defaults (keys: gemv

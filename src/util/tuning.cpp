@@ -8,7 +8,7 @@ namespace kvgraph {
 
 namespace {
 
-constexpr std::string_view kGemvNames[] = {"auto", "block2", "warp2", "warp4", "mma", "mma8", "mma16", "mmax"};
+constexpr std::string_view kGemvNames[] = {"auto", "block2", "warp2", "warp4", "mma", "mma8", "mma16", "mmax", "mmac", "mmac2", "mmacu"};
 constexpr std::string_view kMultiNames[] = {"auto", "r8u2", "r4u2", "r8u1", "r4u4", "p4u2", "p2u4", "p8u1", "h8u1", "h4u2", "h4u1", "s8x3", "s4x4", "s4x6"};
 constexpr std::string_view kAttnNames[] = {"auto", "fast", "staged", "legacy", "mma"};
 
@@ -73,10 +73,10 @@ int parse_name(std::string_view key, std::string_view v, const std::string_view 
 }  // namespace
 
 std::string Tuning::describe() const {
-  return fmt::format("gemv={},attn={},attn-heads={},attn-chunk={},attn-merge={},attn-prefetch={},pdl={},qx={},qgemv={},qring={},mt={},prefill-attn={},qmma={}",
+  return fmt::format("gemv={},attn={},attn-heads={},verify-heads={},attn-chunk={},attn-merge={},attn-prefetch={},pdl={},qx={},qgemv={},qring={},mt={},prefill-attn={},qmma={}",
                      kGemvNames[static_cast<int>(gemv)],
                      kAttnNames[static_cast<int>(decode_attn)],
-                     count_str(attn_heads), count_str(attn_chunk),
+                     count_str(attn_heads), count_str(verify_heads), count_str(attn_chunk),
                      attn_merge == AttnMerge::cluster ? "cluster" : "global", attn_prefetch ? "on" : "off", programmatic_launch ? "on" : "off",
                      quantized_int8_x ? "int8" : "f32", quantized_stream ? "stream" : "regs", qring_str(*this), kMultiNames[static_cast<int>(multi)],
                      prefill_attn == PrefillAttn::flash ? "flash" : "legacy",
@@ -101,6 +101,10 @@ Tuning Tuning::parse(std::string_view spec) {
       t.attn_heads = parse_count(key, v);
       if (t.attn_heads != 0 && t.attn_heads != 1 && t.attn_heads != 2 && t.attn_heads != 4 && t.attn_heads != 8)
         fail("tuning", "attn-heads={}: expected auto, 1, 2, 4 or 8", v);
+    } else if (key == "verify-heads") {
+      t.verify_heads = parse_count(key, v);
+      if (t.verify_heads != 0 && t.verify_heads != 1 && t.verify_heads != 2 && t.verify_heads != 4 && t.verify_heads != 8)
+        fail("tuning", "verify-heads={}: expected auto, 1, 2, 4 or 8", v);
     } else if (key == "attn-chunk") {
       t.attn_chunk = parse_count(key, v);
     } else if (key == "attn-merge") {
@@ -128,7 +132,7 @@ Tuning Tuning::parse(std::string_view spec) {
     } else if (key == "qmma") {
       t.qmma_tokens = v == "auto" ? -1 : parse_count(key, v);
     } else {
-      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn, qmma)", key);
+      fail("tuning", "unknown key \"{}\" (keys: gemv, attn, attn-heads, verify-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn, qmma)", key);
     }
   }
   return t;

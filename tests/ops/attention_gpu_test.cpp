@@ -53,6 +53,7 @@ struct Case {
   // memory when a step has 2..16 splits; global: always through global memory).
   Tuning::AttnMerge merge = Tuning::AttnMerge::cluster;
   bool prefetch = false;  // Tuning::attn_prefetch
+  int verify_heads = 0;   // Tuning::verify_heads (steps of 2..kMaxDecodeQueries queries)
 };
 
 const char* decode_name(Tuning::DecodeAttn d) {
@@ -80,7 +81,8 @@ std::string describe(const Case& c) {
          std::string(dtype_name(c.storage)) + (c.window ? " ring W=" + std::to_string(c.window) : " flat") +
          (c.softcap > 0 ? " softcap" : "") + (c.fused_qkv ? " fused" : "") + (c.prologue ? " prologue" : "") +
          (c.prefill == Tuning::PrefillAttn::flash ? " prefill-attn=flash" : "") +
-         (c.decode != Tuning::DecodeAttn::fast ? std::string(" attn=") + decode_name(c.decode) : "");
+         (c.decode != Tuning::DecodeAttn::fast ? std::string(" attn=") + decode_name(c.decode) : "") +
+         (c.verify_heads ? " verify-heads=" + std::to_string(c.verify_heads) : "");
 }
 
 // The reference: full K/V history by absolute position, rounded like the pool.
@@ -144,6 +146,7 @@ class Runner {
     t.decode_attn = c.decode;
     t.attn_merge = c.merge;
     t.attn_prefetch = c.prefetch;
+    t.verify_heads = c.verify_heads;
     ws_.tune(t);
     KVGRAPH_CUDA_CHECK(cudaMemset(k_pool_.data(), 0xff, k_pool_.bytes()));  // NaN everywhere
     KVGRAPH_CUDA_CHECK(cudaMemset(v_pool_.data(), 0xff, v_pool_.bytes()));
@@ -720,10 +723,17 @@ TEST(CudaAttention, ShortStepsAreBitwiseTheSameUnderEitherPrefillTuning) {
 // A step of T <= kMaxDecodeQueries queries gives each query bitwise the row
 // a one-token step gives it (what makes a speculative verify step's rows
 // decode rows), under the fast and the tensor-core decode kernels, over a
-// flat pool split many ways and a ring that wrapped.
+// flat pool split many ways and a ring that wrapped; under the fast kernel
+// also with 2 and 4 query heads a block in the several-query step
+// (Tuning::verify_heads) against one in the one-token step.
 TEST(CudaAttention, SeveralQueryStepsAreOneTokenStepsBitwise) {
   SKIP_WITHOUT_GPU();
-  for (auto mode : {Tuning::DecodeAttn::fast, Tuning::DecodeAttn::mma})
+  struct Mode {
+    Tuning::DecodeAttn decode;
+    int verify_heads;
+  };
+  for (const Mode mode : {Mode{Tuning::DecodeAttn::fast, 0}, Mode{Tuning::DecodeAttn::mma, 0},
+                          Mode{Tuning::DecodeAttn::fast, 2}, Mode{Tuning::DecodeAttn::fast, 4}})
     for (int window : {0, 700})
       for (int D : {64, 128, 256}) {
         Case c = window ? ring(D, 8, 2, DType::BF16, window, 64) : Case{};
@@ -734,7 +744,8 @@ TEST(CudaAttention, SeveralQueryStepsAreOneTokenStepsBitwise) {
         c.max_splits = 32;
         c.min_chunk = 0;  // the automatic split sizes
         c.prefill = Tuning::PrefillAttn::flash;
-        c.decode = mode;
+        c.decode = mode.decode;
+        c.verify_heads = mode.verify_heads;
         Runner many(c), one(c);
         uint32_t seed = 1;
         for (int i = 0; i < 3; ++i) {

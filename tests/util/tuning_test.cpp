@@ -12,17 +12,18 @@ using ::testing::HasSubstr;
 
 TEST(Tuning, DefaultsDescribeThemselvesAndParseBack) {
   const Tuning t;
-  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash,qmma=auto");
+  EXPECT_EQ(t.describe(), "gemv=auto,attn=auto,attn-heads=auto,verify-heads=auto,attn-chunk=auto,attn-merge=cluster,attn-prefetch=off,pdl=on,qx=int8,qgemv=stream,qring=auto,mt=auto,prefill-attn=flash,qmma=auto");
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse(""), t);
 }
 
 TEST(Tuning, EveryKeyParses) {
   const Tuning t =
-      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,attn-chunk=64,attn-merge=global,attn-prefetch=on,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy,qmma=256");
+      Tuning::parse("gemv=warp4,attn=legacy,attn-heads=2,verify-heads=1,attn-chunk=64,attn-merge=global,attn-prefetch=on,pdl=off,qx=f32,qgemv=regs,qring=32x8x2,mt=r4u2,prefill-attn=legacy,qmma=256");
   EXPECT_EQ(t.gemv, Tuning::Gemv::warp4);
   EXPECT_EQ(t.decode_attn, Tuning::DecodeAttn::legacy);
   EXPECT_EQ(t.attn_heads, 2);
+  EXPECT_EQ(t.verify_heads, 1);
   EXPECT_EQ(t.attn_chunk, 64);
   EXPECT_EQ(t.attn_merge, Tuning::AttnMerge::global);
   EXPECT_TRUE(t.attn_prefetch);
@@ -56,7 +57,7 @@ TEST(Tuning, EveryGemvAndMultiNameParsesToItsValue) {
   using G = Tuning::Gemv;
   using M = Tuning::Multi;
   for (auto [name, g] : {std::pair{"auto", G::automatic}, {"block2", G::block2}, {"warp2", G::warp2}, {"warp4", G::warp4},
-                         {"mma", G::mma}, {"mma8", G::mma8}, {"mma16", G::mma16}, {"mmax", G::mmax}})
+                         {"mma", G::mma}, {"mma8", G::mma8}, {"mma16", G::mma16}, {"mmax", G::mmax}, {"mmac", G::mmac}, {"mmac2", G::mmac2}, {"mmacu", G::mmacu}})
     EXPECT_EQ(Tuning::parse(std::string("gemv=") + name).gemv, g) << name;
   for (auto [name, m] : {std::pair{"auto", M::automatic}, {"r8u2", M::r8u2}, {"r4u2", M::r4u2}, {"r8u1", M::r8u1},
                          {"r4u4", M::r4u4}, {"p4u2", M::p4u2}, {"p2u4", M::p2u4}, {"p8u1", M::p8u1}, {"h8u1", M::h8u1}, {"h4u2", M::h4u2}, {"h4u1", M::h4u1}, {"s8x3", M::s8x3}, {"s4x4", M::s4x4}, {"s4x6", M::s4x6}})
@@ -96,8 +97,9 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
       EXPECT_THAT(e.what(), HasSubstr(what)) << spec;
     }
   };
-  expect_error("gemv=fast", "gemv=fast: expected auto, block2, warp2, warp4, mma, mma8, mma16 or mmax");
+  expect_error("gemv=fast", "gemv=fast: expected auto, block2, warp2, warp4, mma, mma8, mma16, mmax, mmac, mmac2 or mmacu");
   expect_error("attn-heads=3", "attn-heads=3");
+  expect_error("verify-heads=3", "verify-heads=3: expected auto, 1, 2, 4 or 8");
   expect_error("attn-chunk=-1", "attn-chunk=-1");
   expect_error("attn-chunk=12x", "attn-chunk=12x");
   expect_error("pdl=maybe", "pdl=maybe");
@@ -110,7 +112,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   expect_error("prefill-attn=fast", "prefill-attn=fast");
   expect_error("attn-merge=atomic", "attn-merge=atomic: expected cluster or global");
   expect_error("attn-prefetch=yes", "attn-prefetch=yes: expected on or off");
-  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn, qmma)");
+  expect_error("colour=blue", "unknown key \"colour\" (keys: gemv, attn, attn-heads, verify-heads, attn-chunk, attn-merge, attn-prefetch, pdl, qx, qgemv, qring, mt, prefill-attn, qmma)");
   expect_error("gemv", "expected key=value");
 }
 

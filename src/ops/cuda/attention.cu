@@ -78,6 +78,7 @@ struct AttnArgs {
   bool fused_write;  // T == 1: this kernel writes the new row; reads of it use k/v directly
   bool cluster_merge;  // decode_kernel(_q): the splits are one cluster and merge in shared memory (merge_cluster)
   bool prefetch;       // decode_kernel(_q): prefetch_rows of the first tile before the prologue (Tuning::attn_prefetch)
+  int one_token_splits;  // host: a several-query decode step's split count when its blocks carry other heads than a one-token step's (0: its own)
   const float* q_norm;
   const float* k_norm;
   float norm_eps;
@@ -2549,7 +2550,8 @@ void launch_decode_grid(K one, K multi, size_t smem, AttnArgs<S> a, int max_spli
   int per_sm = 0;
   KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, one, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
-  const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+  const int splits =
+      a.one_token_splits > 0 ? a.one_token_splits : std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
   a.prefetch = ws.tuning().attn_prefetch;
   a.cluster_merge = clustered && ws.tuning().attn_merge == Tuning::AttnMerge::cluster && splits > 1 &&
                     splits <= Tuning::kMaxClusterSplits && cluster_fits(a.T == 1 ? one : multi, splits, smem);
@@ -2603,17 +2605,37 @@ void launch_decode_mma(const AttnArgs<S>& a, int max_splits, const AttentionWork
   }
 }
 
-template <typename S, int kMaxG>
-void launch_decode(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
+// Whether decode_kernel stages its K/V tiles (cp.async) for this layer.
+template <typename S>
+bool decode_staged(const AttentionWorkspace& ws, int D) {
   if constexpr (is_16bit<S>) {
     using A = Tuning::DecodeAttn;
     const A mode = ws.tuning().decode_attn;
-    if ((mode == A::staged || (mode == A::automatic && a.D == 256)) && flash_head_dim(a.D)) {
+    return (mode == A::staged || (mode == A::automatic && D == 256)) && flash_head_dim(D);
+  }
+  return false;
+}
+
+template <typename S, int kMaxG>
+void launch_decode(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, Launch stream) {
+  if constexpr (is_16bit<S>) {
+    if (decode_staged<S>(ws, a.D)) {
       launch_decode_as<S, kMaxG, true>(a, max_splits, ws, stream);
       return;
     }
   }
   launch_decode_as<S, kMaxG, false>(a, max_splits, ws, stream);
+}
+
+// The split count launch_decode_grid gives a one-token step of this layer
+// under the fast decode kernel with kMaxG heads a block.
+template <typename S, int kMaxG>
+int fast_decode_splits(const AttnArgs<S>& a, int max_splits) {
+  int per_sm = 0;
+  KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<S, kMaxG, false, false>,
+                                                                   kThreads, decode_smem<kMaxG>(a.D, false)));
+  const int pairs = static_cast<int>(ceil_div(a.G, kMaxG)) * a.Hkv;
+  return std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
 }
 
 // Fewest keys a decode split takes. Automatic (workspace min_chunk 0): about
@@ -2902,8 +2924,18 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
     bool mma = false;  // decode_mma_kernel(_q): groups of kMmaHeads query heads
     if constexpr (is_16bit<S>) mma = decode && decode_on_mma(ws, p);
     if constexpr (is_quant<S>) mma = decode && (p.head_dim == 64 || p.head_dim == 128) && decode_on_mma(ws, p);
-    const int bucket = mma ? kMmaHeads : group_bucket(std::min(G, decode ? decode_heads(ws, p.rule) : 8));
+    int bucket = mma ? kMmaHeads : group_bucket(std::min(G, decode ? decode_heads(ws, p.rule) : 8));
     AttnArgs<S> a = make_args<S>(p);
+    a.one_token_splits = 0;
+    // A several-query step under the fast kernel may carry more heads a
+    // block than a one-token step (Tuning::verify_heads), with the one-token
+    // step's split count.
+    const int one_bucket = bucket;
+    if constexpr (!is_quant<S>) {
+      if (decode && !mma && p.T > 1 && !decode_staged<S>(ws, p.head_dim)) {
+        if (ws.tuning().verify_heads > 0) bucket = group_bucket(std::min(G, ws.tuning().verify_heads));
+      }
+    }
     a.zgroups = (G + bucket - 1) / bucket;
     int splits = 1;
     if (p.T == 1 || decode) {
@@ -2923,6 +2955,16 @@ void update_and_attend(const AttentionParams& p, AttentionWorkspace& ws, Launch 
       splits = static_cast<int>(std::min<int64_t>(ws.fitting_splits(p.n_q_heads, p.head_dim),
                                                   (int64_t(span) + a.min_chunk - 1) / a.min_chunk));
       a.ws_splits = splits;  // row stride of the partials (a launch may use fewer splits)
+      if constexpr (!is_quant<S>) {
+        if (bucket != one_bucket) {
+          switch (one_bucket) {
+            case 1: a.one_token_splits = fast_decode_splits<S, 1>(a, splits); break;
+            case 2: a.one_token_splits = fast_decode_splits<S, 2>(a, splits); break;
+            case 4: a.one_token_splits = fast_decode_splits<S, 4>(a, splits); break;
+            default: a.one_token_splits = fast_decode_splits<S, 8>(a, splits); break;
+          }
+        }
+      }
       a.part_o = ws.partial_out();
       a.part_ml = ws.partial_ml();
       a.counters = ws.counters();
