@@ -2537,6 +2537,15 @@ bool cluster_fits(K kernel, int splits, size_t smem) {
   return known[key] = fits;
 }
 
+// A one-token step's split count: as many blocks as fit on the GPU at once
+// over its (kv head, head group) pairs, at most max_splits.
+template <typename K>
+int fitting_grid_splits(K one, size_t smem, int pairs, int max_splits) {
+  int per_sm = 0;
+  KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, one, kThreads, smem));
+  return std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+}
+
 // The decode grid: (query x kv head x head group, split) with as many splits
 // as fit on the GPU at once (occupancy x SMs), at most max_splits. `one`
 // serves one-token steps, `multi` steps of several queries (each query's
@@ -2547,11 +2556,8 @@ bool cluster_fits(K kernel, int splits, size_t smem) {
 template <typename S, typename K>
 void launch_decode_grid(K one, K multi, size_t smem, AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws,
                         Launch stream, bool clustered = false) {
-  int per_sm = 0;
-  KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, one, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
-  const int splits =
-      a.one_token_splits > 0 ? a.one_token_splits : std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+  const int splits = a.one_token_splits > 0 ? a.one_token_splits : fitting_grid_splits(one, smem, pairs, max_splits);
   a.prefetch = ws.tuning().attn_prefetch;
   a.cluster_merge = clustered && ws.tuning().attn_merge == Tuning::AttnMerge::cluster && splits > 1 &&
                     splits <= Tuning::kMaxClusterSplits && cluster_fits(a.T == 1 ? one : multi, splits, smem);
@@ -2631,11 +2637,8 @@ void launch_decode(AttnArgs<S> a, int max_splits, const AttentionWorkspace& ws, 
 // under the fast decode kernel with kMaxG heads a block.
 template <typename S, int kMaxG>
 int fast_decode_splits(const AttnArgs<S>& a, int max_splits) {
-  int per_sm = 0;
-  KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_kernel<S, kMaxG, false, false>,
-                                                                   kThreads, decode_smem<kMaxG>(a.D, false)));
-  const int pairs = static_cast<int>(ceil_div(a.G, kMaxG)) * a.Hkv;
-  return std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+  return fitting_grid_splits(decode_kernel<S, kMaxG, false, false>, decode_smem<kMaxG>(a.D, false),
+                             static_cast<int>(ceil_div(a.G, kMaxG)) * a.Hkv, max_splits);
 }
 
 // Fewest keys a decode split takes. Automatic (workspace min_chunk 0): about
@@ -2810,11 +2813,8 @@ void launch_decode_mma_q_blocks(AttnArgs<detail::QKV<KS, VS>> a, int max_splits,
     return true;
   }();
   (void)opted_in;
-  int per_sm = 0;
-  KVGRAPH_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      &per_sm, decode_mma_kernel_q<KS, VS, D, KG, VG, kBlocks>, kThreads, smem));
   const int pairs = a.zgroups * a.Hkv;
-  const int splits = std::clamp(per_sm * sm_count() / pairs, 1, max_splits);
+  const int splits = fitting_grid_splits(decode_mma_kernel_q<KS, VS, D, KG, VG, kBlocks>, smem, pairs, max_splits);
   // Chunks, claimed by the blocks as they go: at least one a block, ~1024
   // keys each over long spans, at most what the one-token scratch holds and
   // the two-level merge takes (groups of <= 32 chunks, <= 32 groups).

@@ -10,6 +10,7 @@
 #include <cublas_v2.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdlib>
 #include <iterator>
 #include <string>
@@ -637,6 +638,25 @@ __device__ __forceinline__ void mma_gemv_finish(const GemvArgs<detail::bf16>& a,
   gemv_epilogue(a, t, n0 + 2 * pr, v0, v1);
 }
 
+// A chunk's A fragments from a lane's 8 values h of its token's x: under the
+// norm, their squares added to ss and h *= norm_add + gv; then h as two
+// rounded bf16 halves (hi, lo), in the order of the lane's weight values.
+template <bool kNorm>
+__device__ __forceinline__ void mma_gemv_a(float (&h)[8], const float (&gv)[8], float norm_add, float& ss,
+                                           uint32_t (&af)[2][4]) {
+  if constexpr (kNorm) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) ss = fmaf(h[i], h[i], ss);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) h[i] *= norm_add + gv[i];
+  }
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    split_pair<detail::bf16>(h[4 * m], h[4 * m + 1], af[m][0], af[m][1]);
+    split_pair<detail::bf16>(h[4 * m + 2], h[4 * m + 3], af[m][2], af[m][3]);
+  }
+}
+
 // What the tensor-core GEMV kernels share: lane (g, c)'s weight rows (row g
 // of each group of 8; rows past N read row 0 and are never stored), its
 // accumulators and the norm's sum of squares, a batch of weight loads, and
@@ -658,18 +678,18 @@ struct MmaGemvLane {
       for (int e = 0; e < 4; ++e) acc[rg][e] = 0.f;
     }
   }
-  // The lane's 16 bytes of chunks base, base + kWarps, ... (kUnroll of them),
-  // then, after the first batch only, the wait for the previous kernel
-  // (PDL): weights never depend on it, x does.
+  // The lane's 16 bytes of chunks base, base + kWarps, ... (kUnroll of them;
+  // zeros from chunk `end` on), then, after the first batch only, the wait
+  // for the previous kernel (PDL): weights never depend on it, x does.
   template <int kUnroll>
   __device__ __forceinline__ void load(uint4 (&wv)[kUnroll][kRG], int base, int c, int nvec, uint64_t pol,
-                                       bool& waited) const {
+                                       bool& waited, int end = INT_MAX) const {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int vi = (base + u * kWarps) * 4 + c;
+      const int j = base + u * kWarps, vi = j * 4 + c;
 #pragma unroll
       for (int rg = 0; rg < kRG; ++rg)
-        wv[u][rg] = (ok[rg] && vi < nvec) ? ld_weights(wr[rg] + vi, pol) : make_uint4(0, 0, 0, 0);
+        wv[u][rg] = (ok[rg] && j < end && vi < nvec) ? ld_weights(wr[rg] + vi, pol) : make_uint4(0, 0, 0, 0);
     }
     if (!waited) {
       detail::griddep_wait();
@@ -681,18 +701,8 @@ struct MmaGemvLane {
   // x as two rounded halves (A) against the weights (B).
   template <bool kNorm>
   __device__ __forceinline__ void chunk(float (&h)[8], const float (&gv)[8], float norm_add, const uint4 (&wv)[kRG]) {
-    if constexpr (kNorm) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) ss = fmaf(h[i], h[i], ss);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) h[i] *= norm_add + gv[i];
-    }
     uint32_t af[2][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m) {
-      split_pair<detail::bf16>(h[4 * m], h[4 * m + 1], af[m][0], af[m][1]);
-      split_pair<detail::bf16>(h[4 * m + 2], h[4 * m + 3], af[m][2], af[m][3]);
-    }
+    mma_gemv_a<kNorm>(h, gv, norm_add, ss, af);
 #pragma unroll
     for (int rg = 0; rg < kRG; ++rg) {
       Mma<detail::bf16>::mma(acc[rg], af[0], wv[rg].x, wv[rg].y);
@@ -840,17 +850,8 @@ __global__ void __launch_bounds__(kBlock) gemv_mma_cl_kernel(GemvArgs<detail::bf
   detail::griddep_launch_dependents();
 
   uint4 wv[kUnroll][kRG];
-  auto load = [&](int first) {  // chunks first, first + kWarps, ... of the slice
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = first + u * kWarps, vi = j * 4 + c;
-#pragma unroll
-      for (int rg = 0; rg < kRG; ++rg)
-        wv[u][rg] = (L.ok[rg] && j < cb1 && vi < nvec) ? ld_weights(L.wr[rg] + vi, pol) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  load(cb0 + warp);
-  detail::griddep_wait();
+  bool waited = false;
+  L.load(wv, cb0 + warp, c, nvec, pol, waited, cb1);  // then the PDL wait
 
   // The slice's x: item (chunk j, lane c') = 8 values, token by token (the
   // same threads sum a token's squares whatever T is).
@@ -861,28 +862,20 @@ __global__ void __launch_bounds__(kBlock) gemv_mma_cl_kernel(GemvArgs<detail::bf
     float s2 = 0.f;
     for (int i = threadIdx.x; i < items; i += kBlock) {
       const int j = i / 4, cc = i % 4, vi = (cb0 + j) * 4 + cc;
-      float h[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      float h[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, gv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
       if (vi < nvec) {
         const float4 x0 = xt[2 * vi], x1 = xt[2 * vi + 1];
         h[0] = x0.x, h[1] = x0.y, h[2] = x0.z, h[3] = x0.w, h[4] = x1.x, h[5] = x1.y, h[6] = x1.z, h[7] = x1.w;
         if constexpr (kNorm) {
           const float4 g0 = nt[2 * vi], g1 = nt[2 * vi + 1];
-          const float gv[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-#pragma unroll
-          for (int e = 0; e < 8; ++e) s2 = fmaf(h[e], h[e], s2);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) h[e] *= a.norm_add + gv[e];
+          gv[0] = g0.x, gv[1] = g0.y, gv[2] = g0.z, gv[3] = g0.w, gv[4] = g1.x, gv[5] = g1.y, gv[6] = g1.z, gv[7] = g1.w;
         }
       }
-      uint32_t f[8];
-#pragma unroll
-      for (int m = 0; m < 2; ++m) {
-        split_pair<detail::bf16>(h[4 * m], h[4 * m + 1], f[4 * m], f[4 * m + 1]);
-        split_pair<detail::bf16>(h[4 * m + 2], h[4 * m + 3], f[4 * m + 2], f[4 * m + 3]);
-      }
+      uint32_t f[2][4];
+      mma_gemv_a<kNorm>(h, gv, a.norm_add, s2, f);
       uint4* dst = reinterpret_cast<uint4*>(xa + (size_t(j) * T + t) * kClTokWords + cc * 8);
-      dst[0] = make_uint4(f[0], f[1], f[2], f[3]);
-      dst[1] = make_uint4(f[4], f[5], f[6], f[7]);
+      dst[0] = make_uint4(f[0][0], f[0][1], f[0][2], f[0][3]);
+      dst[1] = make_uint4(f[1][0], f[1][1], f[1][2], f[1][3]);
     }
     if constexpr (kNorm) {
       s2 = detail::warp_sum(s2);
@@ -893,7 +886,7 @@ __global__ void __launch_bounds__(kBlock) gemv_mma_cl_kernel(GemvArgs<detail::bf
 
   const bool has_x = g < T;
   for (int first = cb0 + warp; first < cb1; first += kWarps * kUnroll) {
-    if (first != cb0 + warp) load(first);
+    if (first != cb0 + warp) L.load(wv, first, c, nvec, pol, waited, cb1);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = first + u * kWarps;
