@@ -22,6 +22,10 @@ DL=${DL:-540}
 OUT=${OUT:-/tmp}
 source bench/call_setup.sh
 gpu_tests "${TESTS:-CudaLinear.*:CudaMultiToken.*}" "${TESTS_S:-150}"
+if [ -x build/step_shape ]; then  # carried: nvcc -O3 -std=c++17 -arch=sm_90 bench/kernels/step_shape.cu -o build/step_shape
+  echo "== step shape: kernels vs a persistent kernel ($SECONDS s)"
+  timeout 90 build/step_shape 20 2>&1 | tee "$OUT/step_shape.txt"
+fi
 echo "== decode and verify T=5, gemv variants ($SECONDS s)"
 VARIANTS=${VARIANTS:-"auto mma mmax"}
 for round in 1 2; do
