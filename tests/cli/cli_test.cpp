@@ -434,6 +434,19 @@ TEST(CliErrors, CudaDeviceWithoutCudaIsAClearError) {
   expect_one_line_error(r, "--device cuda");
 }
 
+// The prefill step is 64 tokens on the cpu (bench's JSON above) and 512 on
+// cuda unless --chunk says otherwise; an explicit --chunk wins on both.
+TEST(Cli, PrefillChunkDefaultsByDevice) {
+  RunResult given = run_cli("bench --prompt 8 --new-tokens 2 --json -q --chunk 4");
+  ASSERT_EQ(given.exit_code, 0) << given.err;
+  EXPECT_EQ(nlohmann::json::parse(given.out)["chunk"], 4);
+  RunResult cuda = run_cli("bench --prompt 8 --new-tokens 2 --json -q --device cuda");
+  if (cuda.exit_code != 0 && cuda.err.find("--device cuda") != std::string::npos)
+    GTEST_SKIP() << "no CUDA here: " << cuda.err;
+  ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+  EXPECT_EQ(nlohmann::json::parse(cuda.out)["chunk"], 512);
+}
+
 TEST(Cli, HelpListsEveryCommandWithExamples) {
   RunResult r = run_cli("--help");
   EXPECT_EQ(r.exit_code, 0);

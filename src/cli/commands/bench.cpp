@@ -57,7 +57,7 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   auto model = load_model(mf, &load_s);
   SessionOptions so;
   so.capacity = f.prompt + f.new_tokens + 1 + f.verify_tokens;
-  so.max_write = mf.chunk;
+  so.max_write = mf.prefill_chunk();
   so.eager = mf.eager;
   so.tuning = mf.tuning();
   so.kv_storage = mf.kv_storage(model->device());
@@ -71,7 +71,7 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   // attention kernels loaded, its scratch allocated: the first 512-token step
   // on the H200 took 24.5 ms of which 14.7 ms ran kernels) and a few decode
   // steps (the recording, caches and clocks).
-  const size_t warm = std::min<size_t>(ids.size(), static_cast<size_t>(mf.chunk));
+  const size_t warm = std::min<size_t>(ids.size(), static_cast<size_t>(mf.prefill_chunk()));
   s.prefill(std::span<const int32_t>(ids.data(), warm));
   s.sample();
   for (int i = 0; i < std::min<int>(8, f.new_tokens); ++i) s.decode();  // fits: warm + new_tokens <= capacity - 1
@@ -168,7 +168,7 @@ nlohmann::json bench_one(const BenchFlags& f, const std::string& name, double bw
   // Time to first token: the whole prompt's prefill and the first sampled
   // token read back (what a user waits before the first word).
   j["ttft_ms"] = f.no_prefill ? nlohmann::json() : nlohmann::json(prefill_s * 1e3);
-  j["chunk"] = mf.chunk;
+  j["chunk"] = mf.prefill_chunk();
   j["context_filled_without_prefill"] = f.no_prefill;
   j["decode_ms_median"] = median;
   j["decode_ms_p99"] = p99;
@@ -201,10 +201,10 @@ void run_bench(const BenchFlags& f) {
   check_at_least("--prompt", f.prompt, 1);
   check_at_least("--new-tokens", f.new_tokens, 1);
   if (f.verify_tokens != 0) {
-    const int max_t = std::min(Session::kMaxVerifyTokens, f.m.chunk);
+    const int max_t = std::min(Session::kMaxVerifyTokens, f.m.prefill_chunk());
     if (f.verify_tokens < 2 || f.verify_tokens > max_t)
       usage_fail("--verify-tokens {}: expected 0 (off) or an integer in [2, {}] (at most {} tokens a step, within --chunk {})",
-                 f.verify_tokens, max_t, Session::kMaxVerifyTokens, f.m.chunk);
+                 f.verify_tokens, max_t, Session::kMaxVerifyTokens, f.m.prefill_chunk());
     check_at_least("--new-tokens", f.new_tokens, 4, " (with --verify-tokens)");
   }
   // The cache holds both and one more; its capacity is an int32.

@@ -37,7 +37,7 @@ void run_cache_prompt(const CachePromptFlags& f) {
   if (static_cast<int64_t>(prompt.size()) > so.capacity)
     fail("cache_prompt", "prompt of {} tokens is longer than the cache capacity {} (raise --capacity)", prompt.size(),
          so.capacity);
-  so.max_write = f.m.chunk;
+  so.max_write = f.m.prefill_chunk();
   so.eager = f.m.eager;
   so.tuning = f.m.tuning();
   so.kv_storage = f.m.kv_storage(model->device());

@@ -233,7 +233,7 @@ void run_chat(const ChatFlags& f) {
   Conversation conv(*model, tok, chat_template(f, *model), f.system, vars);
   SessionOptions so;
   so.capacity = f.m.capacity > 0 ? f.m.capacity : std::min(4096, std::max(256, model->config().max_position_embeddings));
-  so.max_write = f.m.chunk;
+  so.max_write = f.m.prefill_chunk();
   so.eager = f.m.eager;
   so.tuning = f.m.tuning();
   so.kv_storage = f.m.kv_storage(model->device());

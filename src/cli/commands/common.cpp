@@ -18,7 +18,8 @@ void ModelFlags::add(CLI::App& app) {
                  "Model directory (Hugging Face layout) or synthetic:NAME; default: the embedded model");
   app.add_option("--device", device, "cpu or cuda")->capture_default_str();
   app.add_option("--capacity", capacity, "KV cache capacity in tokens (default: fits the request)");
-  app.add_option("--chunk", chunk, "Prefill step size in tokens (max_write)")->capture_default_str();
+  app.add_option("--chunk", chunk, "Prefill step size in tokens (max_write); default 512 on cuda, 64 on cpu")
+      ->each([this](const std::string&) { chunk_given = true; });
   app.add_option("--kv-dtype", kv_dtype,
                  "KV cache storage of K and V: f32, bf16, f16, int8 / int4 (affine groups of --kv-group along "
                  "head_dim) or fp8 (e4m3, a scale per token and head); default f32 on cpu, bf16 on cuda");
@@ -49,7 +50,7 @@ void ModelFlags::add(CLI::App& app) {
 
 void ModelFlags::check() const {
   check_at_least("--capacity", capacity, 0, " (0: fits the request)");
-  check_at_least("--chunk", chunk, 1);
+  if (chunk_given) check_at_least("--chunk", chunk, 1);
   for (const auto& [flag, value] : {std::pair{"--kv-dtype", &kv_dtype}, std::pair{"--k-dtype", &k_dtype},
                                     std::pair{"--v-dtype", &v_dtype}})
     if (!value->empty() && parse_kv_format(*value, kv_group).type == KvType::Invalid)
@@ -59,6 +60,11 @@ void ModelFlags::check() const {
     usage_fail("--weights {}: expected bf16, int8, int4 or fp8", weights);
   if (group_size != 32 && group_size != 64 && group_size != 128)
     usage_fail("--group-size {}: expected 32, 64 or 128", group_size);
+}
+
+int ModelFlags::prefill_chunk() const {
+  if (chunk_given) return chunk;
+  return device == "cuda" ? 512 : 64;
 }
 
 QuantFormat ModelFlags::quantize() const {

@@ -74,11 +74,11 @@ void check_speculative_flags(const GenerateFlags& f) {
     usage_fail("--draft-tokens needs --draft-model DIR or --lookup-ngram N");
   if (!f.speculative()) return;
   if (f.lookup_opt->count()) check_at_least("--lookup-ngram", f.lookup_ngram, 1);
-  const int max_k = std::min(Session::kMaxVerifyTokens, f.m.chunk) - 1;
-  if (max_k < 1) usage_fail("speculative decoding needs --chunk of at least 2 (a verify step of K + 1 tokens), got {}", f.m.chunk);
+  const int max_k = std::min(Session::kMaxVerifyTokens, f.m.prefill_chunk()) - 1;
+  if (max_k < 1) usage_fail("speculative decoding needs --chunk of at least 2 (a verify step of K + 1 tokens), got {}", f.m.prefill_chunk());
   if (f.draft_tokens < 1 || f.draft_tokens > max_k)
     usage_fail("--draft-tokens {}: expected an integer in [1, {}] (a verify step of K + 1 <= {} tokens, within --chunk {})",
-               f.draft_tokens, max_k, std::min(Session::kMaxVerifyTokens, f.m.chunk), f.m.chunk);
+               f.draft_tokens, max_k, std::min(Session::kMaxVerifyTokens, f.m.prefill_chunk()), f.m.prefill_chunk());
   if (!f.dump_logits.empty())
     usage_fail("--dump-logits cannot be combined with --draft-model or --lookup-ngram (tokens come several a step)");
 }
@@ -147,7 +147,7 @@ void run_generate(const GenerateFlags& f) {
   // Sized by the request, capped at the trained positions, in 64 bits: a
   // huge --max-tokens costs nothing until the tokens are generated.
   so.capacity = f.m.capacity > 0 ? f.m.capacity : request_capacity(model->config(), prompt.size(), f.max_tokens);
-  so.max_write = f.m.chunk;
+  so.max_write = f.m.prefill_chunk();
   so.eager = f.m.eager;
   so.tuning = f.m.tuning();
   // A verify step's rows must be the decode steps' bit for bit; steps of

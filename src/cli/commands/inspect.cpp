@@ -99,7 +99,7 @@ void run_inspect(const InspectFlags& f) {
   const int32_t capacity = f.m.capacity > 0 ? f.m.capacity : std::max(1, c.max_position_embeddings);
   f.m.check_kv_storage(c, info.device);
   const KvStorage kv = f.m.kv_storage(info.device);
-  CacheConfig cc = cache_config(c, info.device, capacity, f.m.chunk, kv);
+  CacheConfig cc = cache_config(c, info.device, capacity, f.m.prefill_chunk(), kv);
   fmt::print("model       {} ({})\n", info.dir.empty() ? f.m.model : info.dir.string(), c.model_type);
   fmt::print("shape       {} layers, hidden {}, ffn {}, heads {} / kv {} x {}, vocab {}\n", c.num_layers,
              c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size);
@@ -114,7 +114,7 @@ void run_inspect(const InspectFlags& f) {
                info.checkpoint_bytes / 1e6, dtype_name(info.matrix_dtype));
   fmt::print("rope        theta {} ({}){}\n", c.rope.theta, c.rope.type,
              c.rope_local.theta != c.rope.theta ? fmt::format(", local theta {}", c.rope_local.theta) : "");
-  fmt::print("cache       capacity {} tokens, chunk {}, storage {}\n", capacity, f.m.chunk, kv_storage_name(kv));
+  fmt::print("cache       capacity {} tokens, chunk {}, storage {}\n", capacity, f.m.prefill_chunk(), kv_storage_name(kv));
   // Bytes per token of a layer: K and V rows of every KV head, with the
   // scales (and biases) of the quantized formats; total: the pools as allocated.
   fmt::print("{:>5}  {:<40} {:>12} {:>14}\n", "layer", "policy", "bytes/token", "total bytes");

@@ -50,7 +50,7 @@ Scored score_ids(Session& s, const std::vector<int32_t>& ids) {
 Session make_scoring_session(std::shared_ptr<Model> model, const ModelFlags& f, int32_t len, const char* component) {
   SessionOptions so;
   so.capacity = f.capacity > 0 ? f.capacity : len;
-  so.max_write = f.chunk;
+  so.max_write = f.prefill_chunk();
   so.kv_storage = f.kv_storage(model->device());
   so.all_logits = true;
   so.eager = true;

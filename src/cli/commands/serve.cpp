@@ -85,7 +85,7 @@ void run_serve(const ServeFlags& f) {
   o.max_body_bytes = static_cast<size_t>(f.max_body);
   o.queue.max_waiting = f.queue;
   o.queue.max_wait = std::chrono::milliseconds(static_cast<int64_t>(f.queue_timeout * 1000));
-  o.session.max_write = f.m.chunk;
+  o.session.max_write = f.m.prefill_chunk();
   o.session.eager = f.m.eager;
   o.session.tuning = f.m.tuning();
   o.session.kv_storage = f.m.kv_storage(parse_device(f.m.device));
