@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The bf16 GEMV on the tensor cores against the default: `--tune
 # gemv=mma|mma8|mma16` (weights and x of a batch in registers) and
-# `gemv=mmax` (x staged through shared memory) and `gemv=mmac|mmac2|mmacu`
-# (split along K over a cluster), one kernel for every T <= 8.
+# `gemv=mmax` (x staged through shared memory), one kernel for every T <= 8,
+# and any other whole --tune string (verify-heads=N, ...).
 # Carry build/carry_next.txz, made by
 #   bench/pack_carry.sh build/cuda-nc/kvgraph build/cuda-nc/kvgraph_gpu_tests
-# then, e.g. (a variant is a GEMV name or a whole --tune string):
-#   DL=500 TESTS='CudaLinear.Mma*:CudaMultiToken.*:CudaAttention.SeveralQuery*' \
-#   VARIANTS="auto mmac mmacu mmac2 gemv=auto,verify-heads=4 gemv=mmac,verify-heads=4" \
-#   SANITIZE='CudaLinear.MmaGemv*:CudaAttention.SeveralQuery*' PROFILE=mmac VPROFILE=verify-heads=4 \
+# (and build/step_shape, if wanted: bench/kernels/step_shape.cu), then, e.g.
+# (session 24's call, bench/results/h100-2026-12-07-session24.md, with the
+# mmac variants since removed):
+#   DL=450 TESTS='CudaLinear.Mma*:CudaMultiToken.*:CudaAttention.SeveralQuery*' \
+#   VARIANTS="auto mmax verify-heads=1" \
+#   SANITIZE='CudaLinear.MmaGemv*:CudaAttention.SeveralQuery*' PROFILE=mmax VPROFILE=verify-heads=4 \
 #   bash bench/mma_call.sh
 # 0. the GEMV tests (CPU reference, one-token rows == several-token rows);
 # 1. decode and the T = 5 verify step, default GEMV against the mma shapes,

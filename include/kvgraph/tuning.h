@@ -20,11 +20,10 @@ struct Tuning {
   // llama3.1-8b: 6.56 vs 5.58 ms; docs/design.md), so it is not the default.
   // mmax: the same products with x staged through shared memory (one
   // float a lane a token in registers), so registers go to weights in flight
-  // (H100, llama3.1-8b: 6.15 ms, verify 1.26x). mmac / mmac2 / mmacu: split
-  // along K over a thread-block cluster, x staged once a block as the mma's
-  // bf16 halves (8 rows and 8 chunks a warp / 16 rows / 8 rows and 16 chunks;
-  // compiled, not yet run on a GPU).
-  enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16, mmax, mmac, mmac2, mmacu };
+  // (H100, llama3.1-8b: 6.15 ms, verify 1.26x). (A split along K over a
+  // thread-block cluster, session 23, measured 6.7-7.2 ms and verify 1.5-2x
+  // on the same card and was removed: docs/design.md.)
+  enum class Gemv : uint8_t { automatic, block2, warp2, warp4, mma, mma8, mma16, mmax };
   Gemv gemv = Gemv::automatic;
   // Decode (T <= kMaxDecodeQueries) attention: fast (the decode kernel,
   // K/V rows read straight from global memory), staged (the decode kernel
@@ -43,12 +42,12 @@ struct Tuning {
   int attn_heads = 0;   // most query heads per decode block (1, 2, 4, 8); 0: by span
   // Steps of 2..kMaxDecodeQueries queries (a speculative verify step) over
   // f32/16-bit pools under the fast decode kernel: query heads a block (1,
-  // 2, 4, 8; 0: as many as a one-token step's), so each K/V row is read
-  // once for that many heads, with the split count a one-token step takes
-  // (each row stays bitwise a one-token step's: a head's sums do not depend
-  // on its block's heads). Written for issue 16 (a 5-token verify step on
-  // llama3.1-8b spends 34 us a layer in attention against 13 for one
-  // query), not yet run on a GPU: the default stays until it is measured.
+  // 2, 4, 8; 0: automatic, 4 or the one-token step's if more), so each K/V
+  // row is read once for that many heads, with the split count a one-token
+  // step takes (each row stays bitwise a one-token step's: a head's sums do
+  // not depend on its block's heads). H100, 5-token verify step: llama3.1-8b
+  // 8.49 -> 8.10 ms, llama3.2-1b 1.96 -> 1.85 (2 and 8 within 1% at 8B;
+  // 8 slower on qwen2.5-0.5b); decode unchanged.
   int verify_heads = 0;
   int attn_chunk = 0;   // fewest keys per decode split; 0: from the head dim
   // How a decode step's splits merge: cluster (the step's splits of one head

@@ -8,7 +8,7 @@ namespace kvgraph {
 
 namespace {
 
-constexpr std::string_view kGemvNames[] = {"auto", "block2", "warp2", "warp4", "mma", "mma8", "mma16", "mmax", "mmac", "mmac2", "mmacu"};
+constexpr std::string_view kGemvNames[] = {"auto", "block2", "warp2", "warp4", "mma", "mma8", "mma16", "mmax"};
 constexpr std::string_view kMultiNames[] = {"auto", "r8u2", "r4u2", "r8u1", "r4u4", "p4u2", "p2u4", "p8u1", "h8u1", "h4u2", "h4u1", "s8x3", "s4x4", "s4x6"};
 constexpr std::string_view kAttnNames[] = {"auto", "fast", "staged", "legacy", "mma"};
 

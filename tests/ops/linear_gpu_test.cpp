@@ -281,8 +281,7 @@ TEST_F(CudaLinear, EveryGemvLaunchShapeMatchesCpu) {
 // or 16, K not a multiple of its 32-value chunks (1000), every epilogue,
 // with and without the norm prologue, against the f64 CPU loop.
 TEST_F(CudaLinear, MmaGemvMatchesCpuForEveryTokenCount) {
-  for (GemvShape shape : {GemvShape::mma, GemvShape::mma8, GemvShape::mma16, GemvShape::mmax, GemvShape::mmac,
-                          GemvShape::mmac2, GemvShape::mmacu}) {
+  for (GemvShape shape : {GemvShape::mma, GemvShape::mma8, GemvShape::mma16, GemvShape::mmax}) {
     g_shape = shape;
     for (int T : {1, 2, 5, kMaxGemvTokens}) {
       for (int N : {33, 46, 130}) {

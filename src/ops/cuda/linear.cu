@@ -6,11 +6,9 @@
 //           same threads per row group, the same order), so a speculative
 //           verify step's rows are bitwise decode steps'.
 //   T  > kMaxGemvTokens: (norm into scratch,) cuBLAS GEMM, then a small epilogue kernel.
-#include <cooperative_groups.h>
 #include <cublas_v2.h>
 
 #include <algorithm>
-#include <climits>
 #include <cstdlib>
 #include <iterator>
 #include <string>
@@ -678,18 +676,18 @@ struct MmaGemvLane {
       for (int e = 0; e < 4; ++e) acc[rg][e] = 0.f;
     }
   }
-  // The lane's 16 bytes of chunks base, base + kWarps, ... (kUnroll of them;
-  // zeros from chunk `end` on), then, after the first batch only, the wait
+  // The lane's 16 bytes of chunks base, base + kWarps, ... (kUnroll of
+  // them), then, after the first batch only, the wait
   // for the previous kernel (PDL): weights never depend on it, x does.
   template <int kUnroll>
   __device__ __forceinline__ void load(uint4 (&wv)[kUnroll][kRG], int base, int c, int nvec, uint64_t pol,
-                                       bool& waited, int end = INT_MAX) const {
+                                       bool& waited) const {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int j = base + u * kWarps, vi = j * 4 + c;
 #pragma unroll
       for (int rg = 0; rg < kRG; ++rg)
-        wv[u][rg] = (ok[rg] && j < end && vi < nvec) ? ld_weights(wr[rg] + vi, pol) : make_uint4(0, 0, 0, 0);
+        wv[u][rg] = (ok[rg] && vi < nvec) ? ld_weights(wr[rg] + vi, pol) : make_uint4(0, 0, 0, 0);
     }
     if (!waited) {
       detail::griddep_wait();
@@ -815,161 +813,8 @@ __global__ void __launch_bounds__(kBlock, 4) gemv_mma_xs_kernel(GemvArgs<detail:
   mma_gemv_finish<kNorm, kRG>(a, n0, L.acc, L.ss);
 }
 
-// The tensor-core GEMV split along K over a thread-block cluster (mmac):
-// block r of a cluster of C takes chunks [r S, r S + S) of K (S = the chunks
-// over C) for 8 kRG rows, so that, as in the FMA kernel, a block is a small
-// unit of weights (16 KB at K = 4096, kRG = 1) whose loads its lanes issue
-// at once (warp w: chunks w, w + 4, ..., kUnroll a batch) and that leaves
-// its SM to the next one after a single round trip. After the PDL wait the
-// block stages its slice of x once in shared memory: each token's values,
-// under the norm times its weights, as the two bf16 halves of the mma's A
-// fragments, so that a chunk's A is two shared loads and x holds no
-// registers. The warps' sums add in warp order, the blocks' (and the norm's
-// sums of squares) in rank order over distributed shared memory; each block
-// finishes some of the (token, row pair) outputs. Every token's products,
-// sums and sum of squares follow the same path for any T: one-token rows are
-// several-token rows bitwise.
-constexpr int kClTokWords = 36;  // a token's chunk in shared memory: 8 words a lane c, 4 of padding (no bank conflicts)
-
-template <bool kNorm, int kRG, int kUnroll>
-__global__ void __launch_bounds__(kBlock) gemv_mma_cl_kernel(GemvArgs<detail::bf16> a) {
-  namespace cg = cooperative_groups;
-  constexpr int kWarps = kBlock / 32, kRowsB = 8 * kRG, kPart = kRowsB + 1;
-  extern __shared__ __align__(16) uint32_t xa[];  // [slice chunk][token][kClTokWords]
-  __shared__ float part[kMaxGemvTokens * kPart];  // the block's sums, token-major; [t * kPart + kRowsB]: sum of squares
-  __shared__ float red[kWarps][kMaxGemvTokens][kRowsB];
-  __shared__ float ssw[kWarps][kMaxGemvTokens];
-  cg::cluster_group cl = cg::this_cluster();
-  const int C = static_cast<int>(cl.num_blocks()), rank = static_cast<int>(cl.block_rank());
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
-  const int n0 = blockIdx.y * kRowsB, T = a.T;
-  const int nvec = a.K / 8, nchunk = (nvec + 3) / 4;
-  const int S = (nchunk + C - 1) / C, cb0 = min(nchunk, rank * S), cb1 = min(nchunk, cb0 + S);
-  MmaGemvLane<kRG> L(a, n0, g);
-  const uint64_t pol = evict_first_policy();
-  detail::griddep_launch_dependents();
-
-  uint4 wv[kUnroll][kRG];
-  bool waited = false;
-  L.load(wv, cb0 + warp, c, nvec, pol, waited, cb1);  // then the PDL wait
-
-  // The slice's x: item (chunk j, lane c') = 8 values, token by token (the
-  // same threads sum a token's squares whatever T is).
-  const int items = (cb1 - cb0) * 4;
-  const float4* nt = reinterpret_cast<const float4*>(a.norm);
-  for (int t = 0; t < T; ++t) {
-    const float4* xt = reinterpret_cast<const float4*>(a.x + size_t(t) * a.K);
-    float s2 = 0.f;
-    for (int i = threadIdx.x; i < items; i += kBlock) {
-      const int j = i / 4, cc = i % 4, vi = (cb0 + j) * 4 + cc;
-      float h[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, gv[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      if (vi < nvec) {
-        const float4 x0 = xt[2 * vi], x1 = xt[2 * vi + 1];
-        h[0] = x0.x, h[1] = x0.y, h[2] = x0.z, h[3] = x0.w, h[4] = x1.x, h[5] = x1.y, h[6] = x1.z, h[7] = x1.w;
-        if constexpr (kNorm) {
-          const float4 g0 = nt[2 * vi], g1 = nt[2 * vi + 1];
-          gv[0] = g0.x, gv[1] = g0.y, gv[2] = g0.z, gv[3] = g0.w, gv[4] = g1.x, gv[5] = g1.y, gv[6] = g1.z, gv[7] = g1.w;
-        }
-      }
-      uint32_t f[2][4];
-      mma_gemv_a<kNorm>(h, gv, a.norm_add, s2, f);
-      uint4* dst = reinterpret_cast<uint4*>(xa + (size_t(j) * T + t) * kClTokWords + cc * 8);
-      dst[0] = make_uint4(f[0][0], f[0][1], f[0][2], f[0][3]);
-      dst[1] = make_uint4(f[1][0], f[1][1], f[1][2], f[1][3]);
-    }
-    if constexpr (kNorm) {
-      s2 = detail::warp_sum(s2);
-      if (lane == 0) ssw[warp][t] = s2;
-    }
-  }
-  __syncthreads();
-
-  const bool has_x = g < T;
-  for (int first = cb0 + warp; first < cb1; first += kWarps * kUnroll) {
-    if (first != cb0 + warp) L.load(wv, first, c, nvec, pol, waited, cb1);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int j = first + u * kWarps;
-      if (j >= cb1) break;  // warp-uniform
-      uint32_t af[2][4] = {{0u, 0u, 0u, 0u}, {0u, 0u, 0u, 0u}};
-      if (has_x) {
-        const uint4* src = reinterpret_cast<const uint4*>(xa + (size_t(j - cb0) * T + g) * kClTokWords + c * 8);
-        const uint4 f0 = src[0], f1 = src[1];
-        af[0][0] = f0.x, af[0][1] = f0.y, af[0][2] = f0.z, af[0][3] = f0.w;
-        af[1][0] = f1.x, af[1][1] = f1.y, af[1][2] = f1.z, af[1][3] = f1.w;
-      }
-#pragma unroll
-      for (int rg = 0; rg < kRG; ++rg) {
-        Mma<detail::bf16>::mma(L.acc[rg], af[0], wv[u][rg].x, wv[u][rg].y);
-        Mma<detail::bf16>::mma(L.acc[rg], af[1], wv[u][rg].z, wv[u][rg].w);
-      }
-    }
-  }
-
-  // Rows 2c, 2c + 1 of each group for token g: the hi and lo rows added.
-#pragma unroll
-  for (int rg = 0; rg < kRG; ++rg) {
-    red[warp][g][8 * rg + 2 * c] = L.acc[rg][0] + L.acc[rg][2];
-    red[warp][g][8 * rg + 2 * c + 1] = L.acc[rg][1] + L.acc[rg][3];
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < T * kPart; i += kBlock) {
-    const int t = i / kPart, r = i % kPart;
-    float v = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) v += r < kRowsB ? red[w][t][r] : (kNorm ? ssw[w][t] : 0.f);
-    part[i] = v;
-  }
-  cl.sync();
-  constexpr int kPairs = kRowsB / 2;
-  const int i = threadIdx.x * C + rank;  // this block's (token, row pair) outputs
-  if (i < T * kPairs) {
-    const int t = i / kPairs, pr = i % kPairs;
-    float v0 = 0.f, v1 = 0.f, sq = 0.f;
-    for (int b = 0; b < C; ++b) {
-      const float* p = cl.map_shared_rank(part, b) + t * kPart;
-      v0 += p[2 * pr];
-      v1 += p[2 * pr + 1];
-      sq += p[kRowsB];
-    }
-    if constexpr (kNorm) {
-      const float inv = rsqrtf(sq / a.K + a.norm_eps);
-      v0 *= inv;
-      v1 *= inv;
-    }
-    gemv_epilogue(a, t, n0 + 2 * pr, v0, v1);
-  }
-  cl.sync();  // the other blocks' reads of this one's sums are done
-}
-
-// mmac: clusters of C = chunks / (4 kUnroll) blocks (1 to 8), so a warp's
-// share of its slice is one batch where K allows.
-template <bool kNorm, int kRG, int kUnroll>
-void launch_gemv_mma_cl_as(const GemvArgs<detail::bf16>& a, Launch stream) {
-  constexpr int kPerBlock = (kBlock / 32) * kUnroll;
-  const int nchunk = ceil_div(a.K / 8, 4);
-  const int C = std::clamp(int(ceil_div(nchunk, kPerBlock)), 1, 8);
-  const int S = ceil_div(nchunk, C);
-  const size_t smem = size_t(S) * a.T * kClTokWords * sizeof(uint32_t);
-  if (smem > 48 * 1024)
-    KVGRAPH_CUDA_CHECK(cudaFuncSetAttribute(gemv_mma_cl_kernel<kNorm, kRG, kUnroll>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  launch_clustered(gemv_mma_cl_kernel<kNorm, kRG, kUnroll>, dim3(C, ceil_div(a.N, 8 * kRG)), dim3(kBlock), smem,
-                   stream, dim3(C, 1, 1), a);
-}
-
-template <bool kNorm>
-void launch_gemv_mma_cl(const GemvArgs<detail::bf16>& a, GemvShape shape, Launch stream) {
-  switch (shape) {
-    case GemvShape::mmac2: launch_gemv_mma_cl_as<kNorm, 2, 8>(a, stream); break;
-    case GemvShape::mmacu: launch_gemv_mma_cl_as<kNorm, 1, 16>(a, stream); break;
-    default: launch_gemv_mma_cl_as<kNorm, 1, 8>(a, stream); break;
-  }
-}
-
 bool is_mma_shape(GemvShape s) {
-  return s == GemvShape::mma || s == GemvShape::mma8 || s == GemvShape::mma16 || s == GemvShape::mmax ||
-         s == GemvShape::mmac || s == GemvShape::mmac2 || s == GemvShape::mmacu;
+  return s == GemvShape::mma || s == GemvShape::mma8 || s == GemvShape::mma16 || s == GemvShape::mmax;
 }
 
 // mmax: gemv_mma_xs_kernel, 16 rows a block while that gives two blocks an
@@ -990,10 +835,6 @@ template <bool kNorm>
 void launch_gemv_mma(const GemvArgs<detail::bf16>& a, GemvShape shape, Launch stream) {
   if (shape == GemvShape::mmax) {
     launch_gemv_mma_xs<kNorm>(a, stream);
-    return;
-  }
-  if (shape == GemvShape::mmac || shape == GemvShape::mmac2 || shape == GemvShape::mmacu) {
-    launch_gemv_mma_cl<kNorm>(a, shape, stream);
     return;
   }
   if (shape == GemvShape::mma) shape = ceil_div(a.N, 16) >= 2 * sm_count() ? GemvShape::mma16 : GemvShape::mma8;
