@@ -12,6 +12,14 @@
 // Against "copy": one kernel streaming the same bytes with no phases. If the
 // persistent shape is not clearly faster than kernels+pdl here, a persistent
 // decode step (docs/design.md, "per-kernel cost") would not pay.
+// Part 2 (session 24): the GEMVs as int4 GEMVs in that kernel shape (a block
+// of 4-16 rows x the whole K, every load issued before the PDL wait, ~40-100
+// registers, no shared-memory ring): MLX affine codes (groups of 64, bf16
+// scale and bias) against an int8 x of 32-value vectors (dp4a), x quantized
+// once a GEMV by a one-block kernel before it (or not at all: the bound).
+// If these steps run near the copy, a production quantized GEMV of this shape
+// is worth building (today's streamed one: llama3.1-8b int4 2.23 ms,
+// llama3.2-1b 0.60 on an H100, lm_head and embedding included).
 //   nvcc -O3 -std=c++17 -arch=sm_90 bench/kernels/step_shape.cu -o build/step_shape && build/step_shape
 #include <cuda_runtime.h>
 
@@ -139,6 +147,295 @@ __global__ void __launch_bounds__(kThreads) copy_kernel(const uint4* w, size_t u
   }
 }
 
+double time_graph(cudaGraphExec_t ge, cudaStream_t st, int reps) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(ge, st));
+  std::vector<float> ms;
+  for (int i = 0; i < reps; ++i) {
+    CHECK(cudaEventRecord(a, st));
+    CHECK(cudaGraphLaunch(ge, st));
+    CHECK(cudaEventRecord(b, st));
+    CHECK(cudaEventSynchronize(b));
+    float t = 0.f;
+    CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return double(ms[ms.size() / 2]);
+}
+
+// ---------------------------------------------------------------- part 2: int4 GEMVs
+
+struct X8 {
+  int* q;        // [K/4]: per 8 values, the codes of x0 x2 x4 x6, then x1 x3 x5 x7 (dp4a order)
+  float* scale;  // [K/32]
+  float* sum;    // [K/32]: the vector's float sum (for the biases)
+  float* ss;     // [1]: sum of squares (the norm's)
+};
+
+struct QPhase {
+  const uint4* codes;  // [N][K/32]: 32 codes a vector, 8 a word, low nibble first
+  const uint16_t* scales;  // [N][K/64] bf16
+  const uint16_t* biases;
+  int N, K;
+  bool attn;       // a plain streaming phase (attention) of `units` instead
+  Phase plain;
+  float* out;      // [N]
+};
+
+__device__ __forceinline__ float bf16f(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Rows [blockIdx.x R, + R) x the whole K; thread t: vectors t, t + blockDim, ...
+// (VPT of them) of each row, all loaded before the PDL wait.
+template <int R, int VPT>
+__global__ void __launch_bounds__(256) qgemv_shape_kernel(QPhase p, X8 x) {
+  const int nvec = p.K / 32, ng = p.K / 64, n0 = blockIdx.x * R;
+  uint4 w[R][VPT];
+  uint16_t sc[R][VPT], bi[R][VPT];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const int v = threadIdx.x + j * blockDim.x;
+      const size_t row = size_t(min(n0 + r, p.N - 1));
+      w[r][j] = ldg_stream(p.codes + row * nvec + v);
+      sc[r][j] = __ldg(p.scales + row * ng + v / 2);
+      bi[r][j] = __ldg(p.biases + row * ng + v / 2);
+    }
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int v = threadIdx.x + j * blockDim.x;
+    const int4 xa = reinterpret_cast<const int4*>(x.q)[2 * v], xb = reinterpret_cast<const int4*>(x.q)[2 * v + 1];
+    const int xw[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    const float xs = x.scale[v], xsum = x.sum[v];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint32_t wd[4] = {w[r][j].x, w[r][j].y, w[r][j].z, w[r][j].w};
+      int isum = 0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        isum = dp4a_us(wd[i] & 0x0F0F0F0Fu, xw[2 * i], isum);
+        isum = dp4a_us((wd[i] >> 4) & 0x0F0F0F0Fu, xw[2 * i + 1], isum);
+      }
+      acc[r] = fmaf(bf16f(sc[r][j]) * xs, float(isum), fmaf(bf16f(bi[r][j]), xsum, acc[r]));
+    }
+  }
+  __shared__ float red[8][R];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    float s = acc[r];
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) red[warp][r] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < R && n0 + int(threadIdx.x) < p.N) {
+    float t = 0.f;
+    for (int i = 0; i < int(blockDim.x / 32); ++i) t += red[i][threadIdx.x];
+    p.out[n0 + threadIdx.x] = t * rsqrtf(x.ss[0] / p.K + 1e-5f);
+  }
+}
+
+// x of K values (src, and one value of the previous phase: the dependency)
+// to X8, with its sum of squares: one block of 1024 threads.
+__global__ void __launch_bounds__(1024) xprep_kernel(const float* src, const float* prev, int K, X8 x) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const float bump = 1e-30f * prev[0];
+  float ss = 0.f;
+  const int nvec = K / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int v = warp; v < nvec; v += blockDim.x / 32) {  // a warp a vector, a lane a value
+    const float val = src[v * 32 + lane] + bump;
+    ss += val * val;
+    float m = fabsf(val), sum = val;
+    for (int o = 16; o; o >>= 1) {
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    const float scale = m > 0.f ? m / 127.f : 1.f;
+    const int q = __float2int_rn(val / scale) & 0xff;
+    // Word i of the vector (lanes i < 8 write it): bytes k = 0..3 are the
+    // codes of values 8 (i / 2) + 2 k + (i & 1).
+    const int i = lane % 8;
+    unsigned packed = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      packed |= unsigned(__shfl_sync(0xffffffffu, q, 8 * (i / 2) + 2 * k + (i & 1))) << (8 * k);
+    if (lane < 8) x.q[v * 8 + lane] = int(packed);
+    if (lane == 0) {
+      x.scale[v] = scale;
+      x.sum[v] = sum;
+    }
+  }
+  __shared__ float part[32];
+  for (int o = 16; o; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  if (lane == 0) part[warp] = ss;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float t = 0.f;
+    for (int i = 0; i < int(blockDim.x / 32); ++i) t += part[i];
+    x.ss[0] = t;
+  }
+}
+
+struct QShape {
+  const char* name;
+  std::vector<std::pair<int, int>> gemvs;  // (N, K); (0, MB x 10) = a plain attention phase
+  int layers;
+  double ref_ms;  // kvgraph's int4 step on an H100 (lm_head and embedding included)
+};
+
+void run_int4(int sms, int reps, cudaStream_t st) {
+  (void)sms;
+  const std::vector<QShape> shapes = {
+      {"llama3.1-8b int4 g64", {{6144, 4096}, {0, 21}, {4096, 4096}, {28672, 4096}, {4096, 14336}}, 32, 2.23},
+      {"llama3.2-1b int4 g64", {{3072, 2048}, {0, 10}, {2048, 2048}, {16384, 2048}, {2048, 8192}}, 16, 0.60},
+  };
+  for (const QShape& sh : shapes) {
+    size_t code_bytes = 0, aux = 0, plain_units = 0, outs_n = 0;
+    for (auto [N, K] : sh.gemvs) {
+      if (N == 0) plain_units += size_t(K * 1e5 / kUnit + 0.5);
+      code_bytes += size_t(N) * K / 2;
+      aux += size_t(N) * (K / 64);
+      outs_n += size_t(N > 0 ? N : 1);
+    }
+    code_bytes *= sh.layers;
+    aux *= sh.layers;
+    plain_units *= sh.layers;
+    outs_n *= sh.layers;
+    char* codes = nullptr;
+    uint16_t *scales = nullptr, *biases = nullptr;
+    uint4* plain = nullptr;
+    float *outs = nullptr, *src = nullptr;
+    X8 x{};
+    const size_t slack = 4 * aux + kUnit;  // mode 0 streams a phase's scale bytes past its codes
+    CHECK(cudaMalloc(&codes, code_bytes + slack));
+    CHECK(cudaMemset(codes, 0x5a, code_bytes + slack));
+    CHECK(cudaMalloc(&scales, aux * 2));
+    CHECK(cudaMalloc(&biases, aux * 2));
+    CHECK(cudaMemset(scales, 0x3c, aux * 2));
+    CHECK(cudaMemset(biases, 0x3c, aux * 2));
+    CHECK(cudaMalloc(&plain, plain_units * kUnit));
+    CHECK(cudaMemset(plain, 0x11, plain_units * kUnit));
+    CHECK(cudaMalloc(&outs, outs_n * sizeof(float)));
+    CHECK(cudaMemset(outs, 0, outs_n * sizeof(float)));
+    CHECK(cudaMalloc(&src, 16384 * sizeof(float)));
+    CHECK(cudaMemset(src, 0x3e, 16384 * sizeof(float)));
+    CHECK(cudaMalloc(&x.q, 16384));
+    CHECK(cudaMalloc(&x.scale, 512 * sizeof(float)));
+    CHECK(cudaMalloc(&x.sum, 512 * sizeof(float)));
+    CHECK(cudaMalloc(&x.ss, sizeof(float)));
+    CHECK(cudaMemset(x.q, 0x01, 16384));
+    CHECK(cudaMemset(x.scale, 0x3c, 512 * sizeof(float)));
+    CHECK(cudaMemset(x.sum, 0x3c, 512 * sizeof(float)));
+    CHECK(cudaMemset(x.ss, 0x3f, sizeof(float)));
+    std::vector<QPhase> ph;
+    size_t co = 0, ao = 0, po = 0, oo = 0;
+    for (int l = 0; l < sh.layers; ++l)
+      for (auto [N, K] : sh.gemvs) {
+        QPhase q{};
+        q.out = outs + oo;
+        if (N == 0) {
+          q.attn = true;
+          q.plain.w = plain + po * (kUnit / 16);
+          q.plain.units = size_t(K * 1e5 / kUnit + 0.5);
+          q.plain.out = q.out;
+          q.plain.in = ph.empty() ? nullptr : ph.back().out;
+          q.plain.in_n = 1;
+          po += q.plain.units;
+          oo += 1;
+        } else {
+          q.codes = reinterpret_cast<const uint4*>(codes + co);
+          q.scales = scales + ao;
+          q.biases = biases + ao;
+          q.N = N;
+          q.K = K;
+          co += size_t(N) * K / 2;
+          ao += size_t(N) * (K / 64);
+          oo += N;
+        }
+        ph.push_back(q);
+      }
+    const double bytes = double(code_bytes) + 4.0 * double(aux) + double(plain_units) * kUnit;
+    auto launch_pdl = [&](auto kernel, dim3 grid, dim3 block, auto... args) {
+      cudaLaunchConfig_t cfg{};
+      cfg.gridDim = grid;
+      cfg.blockDim = block;
+      cfg.stream = st;
+      cudaLaunchAttribute at[1];
+      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      at[0].val.programmaticStreamSerializationAllowed = 1;
+      cfg.attrs = at;
+      cfg.numAttrs = 1;
+      CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
+    };
+    // mode 0: copy-shaped plain kernels over the same bytes; 1: int4 GEMVs, x
+    // ready; 2: a prep kernel before each; 3: as 2 with twice the rows a block.
+    auto record = [&](int mode) {
+      cudaGraph_t g;
+      CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+      const float* prev = outs;
+      for (const QPhase& q : ph) {
+        if (q.attn) {
+          launch_pdl(phase_kernel<true>, dim3(unsigned(q.plain.units)), dim3(kThreads), q.plain);
+        } else if (mode == 0) {
+          Phase p{};
+          p.w = q.codes;
+          p.units = (size_t(q.N) * q.K / 2 + 4 * size_t(q.N) * (q.K / 64)) / kUnit;
+          p.out = q.out;
+          launch_pdl(phase_kernel<true>, dim3(unsigned(p.units)), dim3(kThreads), p);
+        } else {
+          if (mode >= 2) launch_pdl(xprep_kernel, dim3(1), dim3(1024), src, prev, q.K, x);
+          const int nvec = q.K / 32;
+          const bool two = nvec > 128;
+          const int threads = two ? nvec / 2 : nvec;
+          if (mode == 3) {
+            if (two) launch_pdl(qgemv_shape_kernel<8, 2>, dim3(unsigned(q.N / 8)), dim3(threads), q, x);
+            else launch_pdl(qgemv_shape_kernel<16, 1>, dim3(unsigned(q.N / 16)), dim3(threads), q, x);
+          } else {
+            if (two) launch_pdl(qgemv_shape_kernel<4, 2>, dim3(unsigned(q.N / 4)), dim3(threads), q, x);
+            else launch_pdl(qgemv_shape_kernel<8, 1>, dim3(unsigned(q.N / 8)), dim3(threads), q, x);
+          }
+        }
+        prev = q.out;
+      }
+      CHECK(cudaStreamEndCapture(st, &g));
+      cudaGraphExec_t ge;
+      CHECK(cudaGraphInstantiate(&ge, g, 0));
+      CHECK(cudaGraphDestroy(g));
+      return ge;
+    };
+    std::printf("\n%s: %d layers x %zu phases (4 int4 GEMVs, attention as a plain stream), %.0f MB a step;"
+                " kvgraph today %.2f ms (H100, with lm_head)\n", sh.name, sh.layers, sh.gemvs.size(), bytes / 1e6, sh.ref_ms);
+    const char* names[] = {"copy-shaped kernels+pdl", "int4 GEMVs, x ready", "int4 GEMVs + x prep kernel",
+                           "int4 GEMVs (2x rows) + x prep"};
+    for (int mode = 0; mode < 4; ++mode) {
+      cudaGraphExec_t ge = record(mode);
+      const double ms = time_graph(ge, st, reps);
+      CHECK(cudaGraphExecDestroy(ge));
+      std::printf("  %-32s %8.3f ms  %6.0f GB/s\n", names[mode], ms, bytes / ms / 1e6);
+    }
+    CHECK(cudaDeviceSynchronize());
+    for (void* p : {(void*)codes, (void*)scales, (void*)biases, (void*)plain, (void*)outs, (void*)src, (void*)x.q,
+                    (void*)x.scale, (void*)x.sum, (void*)x.ss})
+      CHECK(cudaFree(p));
+  }
+}
+
 struct Shape {
   const char* name;
   std::vector<double> mb;  // a layer's phases
@@ -232,26 +529,7 @@ int main(int argc, char** argv) {
       CHECK(cudaGraphDestroy(g));
       return ge;
     };
-    auto time = [&](cudaGraphExec_t ge) {
-      cudaEvent_t a, b;
-      CHECK(cudaEventCreate(&a));
-      CHECK(cudaEventCreate(&b));
-      for (int i = 0; i < 3; ++i) CHECK(cudaGraphLaunch(ge, st));
-      std::vector<float> ms;
-      for (int i = 0; i < reps; ++i) {
-        CHECK(cudaEventRecord(a, st));
-        CHECK(cudaGraphLaunch(ge, st));
-        CHECK(cudaEventRecord(b, st));
-        CHECK(cudaEventSynchronize(b));
-        float t = 0.f;
-        CHECK(cudaEventElapsedTime(&t, a, b));
-        ms.push_back(t);
-      }
-      std::sort(ms.begin(), ms.end());
-      CHECK(cudaEventDestroy(a));
-      CHECK(cudaEventDestroy(b));
-      return double(ms[ms.size() / 2]);
-    };
+    auto time = [&](cudaGraphExec_t ge) { return time_graph(ge, st, reps); };
     std::printf("\n%s: %d layers x %zu phases, %.0f MB a step\n", sh.name, sh.layers, sh.mb.size(), bytes / 1e6);
     double copy_ms = 0.;
     struct V {
@@ -277,5 +555,6 @@ int main(int argc, char** argv) {
     CHECK(cudaFree(outs));
     CHECK(cudaFree(w));
   }
+  if (argc <= 2 || std::string(argv[2]) != "plain") run_int4(sms, reps, st);
   return 0;
 }
