@@ -79,6 +79,10 @@ struct Tuning {
   // each warp its own ring; the default where scales and biases allow it) or
   // regs (qgemv_x8_kernel: the stream held in registers, one batch ahead).
   bool quantized_stream = true;
+  // qgemv=blocks: qgemv_blocks_kernel instead (a block of 2-8 rows x the
+  // whole K in registers, x quantized per thread; written in session 24
+  // after bench/kernels/step_shape.cu, not yet run on a GPU).
+  bool quantized_blocks = false;
   // The streamed kernel's ring: qring_chunk code vectors of both rows of a
   // warp's pair a stage, qring_stages stages a warp (a pair of kQRings
   // below: what is compiled), at most qring_blocks
@@ -130,6 +134,7 @@ struct Tuning {
     return gemv == o.gemv && decode_attn == o.decode_attn && attn_heads == o.attn_heads && verify_heads == o.verify_heads &&
            attn_chunk == o.attn_chunk && attn_merge == o.attn_merge && attn_prefetch == o.attn_prefetch && programmatic_launch == o.programmatic_launch &&
            quantized_int8_x == o.quantized_int8_x && quantized_stream == o.quantized_stream &&
+           quantized_blocks == o.quantized_blocks &&
            qring_chunk == o.qring_chunk && qring_stages == o.qring_stages && qring_blocks == o.qring_blocks &&
            multi == o.multi &&
            prefill_attn == o.prefill_attn && qmma_tokens == o.qmma_tokens;

@@ -78,7 +78,7 @@ std::string Tuning::describe() const {
                      kAttnNames[static_cast<int>(decode_attn)],
                      count_str(attn_heads), count_str(verify_heads), count_str(attn_chunk),
                      attn_merge == AttnMerge::cluster ? "cluster" : "global", attn_prefetch ? "on" : "off", programmatic_launch ? "on" : "off",
-                     quantized_int8_x ? "int8" : "f32", quantized_stream ? "stream" : "regs", qring_str(*this), kMultiNames[static_cast<int>(multi)],
+                     quantized_int8_x ? "int8" : "f32", quantized_blocks ? "blocks" : quantized_stream ? "stream" : "regs", qring_str(*this), kMultiNames[static_cast<int>(multi)],
                      prefill_attn == PrefillAttn::flash ? "flash" : "legacy",
                      qmma_tokens < 0 ? std::string("auto") : std::to_string(qmma_tokens));
 }
@@ -120,8 +120,9 @@ Tuning Tuning::parse(std::string_view spec) {
       if (v != "f32" && v != "int8") fail("tuning", "qx={}: expected f32 or int8", v);
       t.quantized_int8_x = v == "int8";
     } else if (key == "qgemv") {
-      if (v != "stream" && v != "regs") fail("tuning", "qgemv={}: expected stream or regs", v);
-      t.quantized_stream = v == "stream";
+      if (v != "stream" && v != "regs" && v != "blocks") fail("tuning", "qgemv={}: expected stream, regs or blocks", v);
+      t.quantized_stream = v != "regs";
+      t.quantized_blocks = v == "blocks";
     } else if (key == "qring") {
       parse_qring(v, t);
     } else if (key == "mt") {

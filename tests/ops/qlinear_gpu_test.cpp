@@ -64,11 +64,12 @@ enum class Epi { none, bias, residual, gated };
 // Runs the product, checks it against the reference within tol and returns it.
 std::vector<float> check(int T, int N, int K, int bits, int group, Epi epi, bool norm, GemvShape shape,
                          GemmContext* gemm, double tol, bool int8_x = false, bool qstream = true,
-                         std::array<int, 3> ring = {0, 0, 0}, int qmma_tokens = LinearParams{}.qmma_tokens) {
+                         std::array<int, 3> ring = {0, 0, 0}, int qmma_tokens = LinearParams{}.qmma_tokens,
+                         bool qblocks = false) {
   SCOPED_TRACE(testing::Message() << "T=" << T << " N=" << N << " K=" << K << " bits=" << bits << " group=" << group
                                   << " epi=" << int(epi) << " norm=" << norm << " shape=" << int(shape)
                                   << " int8_x=" << int8_x << " qstream=" << qstream << " ring=" << ring[0] << "x"
-                                  << ring[1] << "x" << ring[2] << " qmma_tokens=" << qmma_tokens);
+                                  << ring[1] << "x" << ring[2] << " qmma_tokens=" << qmma_tokens << " qblocks=" << qblocks);
   QWeights w(N, K, bits, group, 7 + N + K + bits);
   auto x = randn(size_t(T) * K, 11 + K);
   auto g = randn(K, 13 + K, 0.3f);
@@ -97,6 +98,7 @@ std::vector<float> check(int T, int N, int K, int bits, int group, Epi epi, bool
   p.shape = shape;
   p.int8_x = int8_x;
   p.qstream = qstream;
+  p.qblocks = qblocks;
   p.qring_chunk = ring[0];
   p.qring_stages = ring[1];
   p.qring_blocks = ring[2];
@@ -189,6 +191,27 @@ TEST_F(CudaQuantLinear, Int8XGemvIsWithinInt8RoundingOfTheReference) {
       check(1, 1001, 896, bits, group, Epi::none, true, GemvShape::automatic, nullptr, 1e-2, true);
       check(1, 258, 14336, bits, group, Epi::residual, false, GemvShape::automatic, nullptr, 1e-2, true);
     }
+}
+
+// The small-block register kernel (qgemv=blocks): a thread's 1, 2 or 4
+// vectors a row (K = 4096 int4 / int8: 128 / 256 vectors; 14336: 448 / 896;
+// 896: 28 / 56 vectors, part of a warp idle; 384), rows past N (70, 1001,
+// 258 rows: blocks of 8, 4 or 2 rows, the last partial), each group size
+// (one group a vector or several), the norm prologue and every epilogue.
+TEST_F(CudaQuantLinear, BlocksKernelIsWithinInt8RoundingOfTheReference) {
+  const std::array<int, 3> ring = {0, 0, 0};
+  const int qmma = LinearParams{}.qmma_tokens;
+  for (int bits : {4, 8}) {
+    for (int group : {32, 64, 128})
+      for (bool norm : {false, true}) {
+        check(1, 70, 384, bits, group, Epi::none, norm, GemvShape::automatic, nullptr, 1e-2, true, true, ring, qmma, true);
+        check(1, 64, 4096, bits, group, Epi::bias, norm, GemvShape::automatic, nullptr, 1e-2, true, true, ring, qmma, true);
+      }
+    check(1, 1001, 896, bits, 64, Epi::none, true, GemvShape::automatic, nullptr, 1e-2, true, true, ring, qmma, true);
+    check(1, 258, 14336, bits, 64, Epi::residual, true, GemvShape::automatic, nullptr, 1e-2, true, true, ring, qmma, true);
+    check(1, 8402, 4096, bits, 128, Epi::bias, false, GemvShape::automatic, nullptr, 1e-2, true, true, ring, qmma, true);
+    check(1, 96, 512, bits, 64, Epi::gated, true, GemvShape::automatic, nullptr, 1e-2, true, true, ring, qmma, true);
+  }
 }
 
 // Every compiled ring of the streamed kernel (Tuning::kQRings), capped at one

@@ -38,6 +38,11 @@ TEST(Tuning, EveryKeyParses) {
   EXPECT_EQ(t.qmma_tokens, 256);
   EXPECT_EQ(Tuning::parse(t.describe()), t);
   EXPECT_EQ(Tuning::parse("qmma=0").qmma_tokens, 0);  // 0: always the slabs, not auto
+  const Tuning blocks = Tuning::parse("qgemv=blocks");
+  EXPECT_TRUE(blocks.quantized_blocks);
+  EXPECT_TRUE(blocks.quantized_stream);  // (where the blocks kernel does not fit)
+  EXPECT_EQ(Tuning::parse(blocks.describe()), blocks);
+  EXPECT_FALSE(Tuning::parse("qgemv=blocks,qgemv=regs").quantized_blocks);
   EXPECT_NE(Tuning::parse("qmma=0"), Tuning{});
   EXPECT_EQ(Tuning::parse("qmma=auto"), Tuning{});
   EXPECT_EQ(Tuning{}.prefill_attn, Tuning::PrefillAttn::flash);
@@ -103,7 +108,7 @@ TEST(Tuning, BadSpecsNameTheKeyAndValue) {
   expect_error("attn-chunk=-1", "attn-chunk=-1");
   expect_error("attn-chunk=12x", "attn-chunk=12x");
   expect_error("pdl=maybe", "pdl=maybe");
-  expect_error("qgemv=fast", "qgemv=fast: expected stream or regs");
+  expect_error("qgemv=fast", "qgemv=fast: expected stream, regs or blocks");
   for (const char* bad : {"qring=", "qring=64", "qring=64x", "qring=64x5", "qring=96x4", "qring=64x4x0", "qring=64x4x9",
                           "qring=64x4x-1", "qring=64x4x2x1", "qring=128x3", "qring=x4", "qring=64y4", "qring=64x4 ", "qring=fast"})
     expect_error(bad, (std::string(bad) + ": expected auto, CxS or CxSxB").c_str());

@@ -43,7 +43,7 @@ void ModelFlags::add(CLI::App& app) {
                  "CUDA kernel choices for experiments, e.g. gemv=warp4,attn-heads=2 (keys: gemv "
                  "auto|block2|warp2|warp4|mma|mma8|mma16|mmax, attn auto|fast|staged|mma|legacy, "
                  "attn-heads, verify-heads, attn-chunk, attn-merge cluster|global, attn-prefetch on|off, pdl on|off, "
-                 "qx f32|int8, qgemv stream|regs, qring auto|CxS|CxSxB, mt auto|r4u2|r8u2|r8u1|r4u4|p4u2|p2u4|p8u1|"
+                 "qx f32|int8, qgemv stream|regs|blocks, qring auto|CxS|CxSxB, mt auto|r4u2|r8u2|r8u1|r4u4|p4u2|p2u4|p8u1|"
                  "h8u1|h4u2|h4u1|s8x3|s4x4|s4x6, prefill-attn legacy|flash, qmma auto|N)");
   app.add_flag("-q,--quiet", quiet, "No progress or timings on stderr");
 }

@@ -185,6 +185,9 @@ struct LinearParams {
   bool int8_x = false;
   // With int8_x: the streamed kernel (Tuning::quantized_stream) where it fits.
   bool qstream = true;
+  // With int8_x: the small-block register kernel (Tuning::quantized_blocks;
+  // qgemv_blocks_kernel in linear.cu) where it fits, before qstream.
+  bool qblocks = false;
   // Its ring (Tuning::qring_*): chunk 0 is automatic (kAutoQRing in linear.cu).
   int qring_chunk = 0, qring_stages = 0, qring_blocks = 0;
   // kMaxGemvTokens < T <= qmma_tokens on quantized weights: the fused

@@ -1492,6 +1492,148 @@ __global__ void __launch_bounds__(256) qgemv_stream_kernel(QGemvArgs<S> a) {
   cp_async_wait<0>();
 }
 
+// ---------------------------------------------------------------- quantized weights, int8 x, small register blocks
+
+// The quantized GEMV in the shape of the bf16 FMA kernel (`--tune
+// qgemv=blocks`; written in session 24 after bench/kernels/step_shape.cu
+// found kernel boundaries cheap and the streamed kernel's own structure
+// costly; not yet run on a GPU): a block of kR rows x the whole K, thread t
+// holding vectors t, t + blockDim, ... (kVPT of them) of every row, all its
+// codes, scales and biases requested before the PDL wait, no shared-memory
+// ring. Each thread quantizes the x of its own vectors (absmax / 127 per
+// vector, as quantize_x: the same codes; under the norm x * g, the 1 / rms
+// applied to the finished sums), so x is read once a block from L2 and
+// nothing waits on a block barrier before the products; the block's one
+// barrier adds the rows (and the norm's sum of squares) in warp order.
+template <typename S, int kBits, bool kNorm, int kR, int kVPT>
+__global__ void __launch_bounds__(256) qgemv_blocks_kernel(QGemvArgs<S> a) {
+  constexpr int kVE = 128 / kBits;
+  const GemvArgs<S>& e = a.e;
+  const int K = e.K, nvec = K / kVE, ngroups = K / a.group;
+  const int vshift = __ffs(a.group / kVE) - 1;  // vector -> group
+  const int n0 = blockIdx.x * kR;
+  const uint4* w = reinterpret_cast<const uint4*>(a.w);
+  const uint64_t pol = evict_first_policy();
+  uint4 wv[kR][kVPT];
+  float sc[kR][kVPT], bi[kR][kVPT];
+#pragma unroll
+  for (int r = 0; r < kR; ++r)
+#pragma unroll
+    for (int j = 0; j < kVPT; ++j) {
+      const int v = threadIdx.x + j * blockDim.x;
+      const bool live = v < nvec && n0 + r < e.N;
+      const size_t row = live ? size_t(n0 + r) : 0;
+      wv[r][j] = live ? ld_weights(w + row * nvec + v, pol) : make_uint4(0, 0, 0, 0);
+      sc[r][j] = live ? detail::to_f32(a.scales[row * ngroups + (v >> vshift)]) : 0.f;
+      bi[r][j] = live ? detail::to_f32(a.biases[row * ngroups + (v >> vshift)]) : 0.f;
+    }
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+
+  float acc[kR], ss = 0.f;
+#pragma unroll
+  for (int r = 0; r < kR; ++r) acc[r] = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVPT; ++j) {
+    const int v = threadIdx.x + j * blockDim.x;
+    if (v >= nvec) break;
+    float h[kVE];
+#pragma unroll
+    for (int i = 0; i < kVE / 4; ++i) {
+      const float4 t = reinterpret_cast<const float4*>(e.x + size_t(v) * kVE)[i];
+      h[4 * i] = t.x, h[4 * i + 1] = t.y, h[4 * i + 2] = t.z, h[4 * i + 3] = t.w;
+    }
+    if constexpr (kNorm) {
+#pragma unroll
+      for (int i = 0; i < kVE / 4; ++i) {
+        const float4 g = reinterpret_cast<const float4*>(e.norm + size_t(v) * kVE)[i];
+        const float gv[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          ss = fmaf(h[4 * i + k], h[4 * i + k], ss);
+          h[4 * i + k] *= e.norm_add + gv[k];
+        }
+      }
+    }
+    float amax = 0.f, sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kVE; ++i) {
+      amax = fmaxf(amax, fabsf(h[i]));
+      sum += h[i];
+    }
+    const float scale = amax / 127.f, rs = amax > 0.f ? 127.f / amax : 0.f;
+    int xw[kVE / 4], qsum = 0;
+#pragma unroll
+    for (int c = 0; c < kVE / 8; ++c) {  // chunks of 8 values, packed as quantize_x packs them
+      int q[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        q[i] = __float2int_rn(h[8 * c + i] * rs);
+        qsum += q[i];
+      }
+      if constexpr (kBits == 4) {
+        xw[2 * c] = int(pack4(q[0], q[2], q[4], q[6]));
+        xw[2 * c + 1] = int(pack4(q[1], q[3], q[5], q[7]));
+      } else {
+        xw[2 * c] = int(pack4(q[0], q[1], q[2], q[3]));
+        xw[2 * c + 1] = int(pack4(q[4], q[5], q[6], q[7]));
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kR; ++r) {
+      const int isum = dot_x8<kBits>(wv[r][j], xw, qsum);
+      acc[r] = fmaf(sc[r][j] * scale, float(isum), fmaf(bi[r][j], sum, acc[r]));
+    }
+  }
+
+  constexpr int kSlots = kR + (kNorm ? 1 : 0);
+  __shared__ float red[256 / 32][kSlots];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+#pragma unroll
+  for (int r = 0; r < kSlots; ++r) {
+    const float s = detail::warp_sum(r < kR ? acc[r] : ss);
+    if (lane == 0) red[warp][r] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < kR / 2) {
+    float v0 = 0.f, v1 = 0.f, sq = 0.f;
+    for (int i = 0; i < warps; ++i) {
+      v0 += red[i][2 * threadIdx.x];
+      v1 += red[i][2 * threadIdx.x + 1];
+      if constexpr (kNorm) sq += red[i][kR];
+    }
+    if constexpr (kNorm) {
+      const float inv = rsqrtf(sq / K + e.norm_eps);
+      v0 *= inv;
+      v1 *= inv;
+    }
+    if (n0 + 2 * int(threadIdx.x) < e.N) gemv_epilogue(e, 0, n0 + 2 * threadIdx.x, v0, v1);
+  }
+}
+
+// Whether qgemv_blocks_kernel takes these weights: rows of at most 1024
+// code vectors (K <= 32768 int4, 16384 int8), so a thread holds at most 4
+// vectors a row.
+template <typename S, int kBits>
+bool qblocks_fits(const QGemvArgs<S>& a) {
+  return a.e.K / (128 / kBits) <= 1024 && a.group >= 128 / kBits;
+}
+
+// kVPT = the vectors a thread holds of each row (1, 2 or 4: at most 256
+// threads), kR = 8 / kVPT rows (8 code vectors a thread in flight; 16 KB a
+// block at K = 4096 int4).
+template <typename S, int kBits, bool kNorm>
+void launch_qgemv_blocks(const QGemvArgs<S>& a, Launch stream) {
+  const int nvec = a.e.K / (128 / kBits);
+  const int vpt = nvec <= 256 ? 1 : nvec <= 512 ? 2 : 4;
+  const int threads = std::max(32, int(ceil_div(ceil_div(nvec, vpt), 32)) * 32);
+  switch (vpt) {
+    case 1: launch(qgemv_blocks_kernel<S, kBits, kNorm, 8, 1>, dim3(ceil_div(a.e.N, 8)), dim3(threads), 0, stream, a); break;
+    case 2: launch(qgemv_blocks_kernel<S, kBits, kNorm, 4, 2>, dim3(ceil_div(a.e.N, 4)), dim3(threads), 0, stream, a); break;
+    default: launch(qgemv_blocks_kernel<S, kBits, kNorm, 2, 4>, dim3(ceil_div(a.e.N, 2)), dim3(threads), 0, stream, a); break;
+  }
+}
+
 // Whether qgemv_stream_kernel takes these weights (else qgemv_x8_kernel,
 // which also takes rows too long for x and the ring to share a block's
 // shared memory).
@@ -1742,7 +1884,12 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
         QGemvArgs<W> q{static_cast<const uint32_t*>(p.w), static_cast<const W*>(p.scales),
                        static_cast<const W*>(p.biases), p.group, a};
         if (p.int8_x && p.T == 1) {  // (several tokens: the f32-x kernel below)
-          if (p.qbits == 4) {
+          if (p.qblocks && (p.qbits == 4 ? qblocks_fits<W, 4>(q) : qblocks_fits<W, 8>(q))) {
+            if (p.qbits == 4)
+              p.norm ? launch_qgemv_blocks<W, 4, true>(q, stream) : launch_qgemv_blocks<W, 4, false>(q, stream);
+            else
+              p.norm ? launch_qgemv_blocks<W, 8, true>(q, stream) : launch_qgemv_blocks<W, 8, false>(q, stream);
+          } else if (p.qbits == 4) {
             if (p.qstream && qstream_fits<W, 4>(q))
               p.norm ? launch_qgemv_stream<W, 4, true>(q, p, stream) : launch_qgemv_stream<W, 4, false>(q, p, stream);
             else
