@@ -147,6 +147,41 @@ __global__ void __launch_bounds__(kThreads) copy_kernel(const uint4* w, size_t u
   }
 }
 
+// kernel<<<grid, block, 0, st>>>(args...) with one launch attribute:
+// programmatic dependent launch (PDL), cooperative, or none.
+enum class Attr { none, pdl, cooperative };
+template <typename... P, typename... A>
+void launch_ex(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t st, Attr attr, A... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.stream = st;
+  cudaLaunchAttribute at[1];
+  if (attr == Attr::pdl) {
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+  } else {
+    at[0].id = cudaLaunchAttributeCooperative;
+    at[0].val.cooperative = 1;
+  }
+  cfg.attrs = at;
+  cfg.numAttrs = attr == Attr::none ? 0 : 1;
+  CHECK(cudaLaunchKernelEx(&cfg, kernel, P(args)...));
+}
+
+// What launches(st) enqueues, recorded as a graph and instantiated.
+template <typename F>
+cudaGraphExec_t record_graph(cudaStream_t st, F launches) {
+  cudaGraph_t g;
+  CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  launches();
+  CHECK(cudaStreamEndCapture(st, &g));
+  cudaGraphExec_t ge;
+  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  CHECK(cudaGraphDestroy(g));
+  return ge;
+}
+
 double time_graph(cudaGraphExec_t ge, cudaStream_t st, int reps) {
   cudaEvent_t a, b;
   CHECK(cudaEventCreate(&a));
@@ -371,53 +406,39 @@ void run_int4(int sms, int reps, cudaStream_t st) {
         ph.push_back(q);
       }
     const double bytes = double(code_bytes) + 4.0 * double(aux) + double(plain_units) * kUnit;
-    auto launch_pdl = [&](auto kernel, dim3 grid, dim3 block, auto... args) {
-      cudaLaunchConfig_t cfg{};
-      cfg.gridDim = grid;
-      cfg.blockDim = block;
-      cfg.stream = st;
-      cudaLaunchAttribute at[1];
-      at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-      at[0].val.programmaticStreamSerializationAllowed = 1;
-      cfg.attrs = at;
-      cfg.numAttrs = 1;
-      CHECK(cudaLaunchKernelEx(&cfg, kernel, args...));
-    };
     // mode 0: copy-shaped plain kernels over the same bytes; 1: int4 GEMVs, x
     // ready; 2: a prep kernel before each; 3: as 2 with twice the rows a block.
+    auto launch_pdl = [&](auto kernel, dim3 grid, dim3 block, auto... args) {
+      launch_ex(kernel, grid, block, st, Attr::pdl, args...);
+    };
     auto record = [&](int mode) {
-      cudaGraph_t g;
-      CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      const float* prev = outs;
-      for (const QPhase& q : ph) {
-        if (q.attn) {
-          launch_pdl(phase_kernel<true>, dim3(unsigned(q.plain.units)), dim3(kThreads), q.plain);
-        } else if (mode == 0) {
-          Phase p{};
-          p.w = q.codes;
-          p.units = (size_t(q.N) * q.K / 2 + 4 * size_t(q.N) * (q.K / 64)) / kUnit;
-          p.out = q.out;
-          launch_pdl(phase_kernel<true>, dim3(unsigned(p.units)), dim3(kThreads), p);
-        } else {
-          if (mode >= 2) launch_pdl(xprep_kernel, dim3(1), dim3(1024), src, prev, q.K, x);
-          const int nvec = q.K / 32;
-          const bool two = nvec > 128;
-          const int threads = two ? nvec / 2 : nvec;
-          if (mode == 3) {
-            if (two) launch_pdl(qgemv_shape_kernel<8, 2>, dim3(unsigned(q.N / 8)), dim3(threads), q, x);
-            else launch_pdl(qgemv_shape_kernel<16, 1>, dim3(unsigned(q.N / 16)), dim3(threads), q, x);
+      return record_graph(st, [&] {
+        const float* prev = outs;
+        for (const QPhase& q : ph) {
+          if (q.attn) {
+            launch_pdl(phase_kernel<true>, dim3(unsigned(q.plain.units)), dim3(kThreads), q.plain);
+          } else if (mode == 0) {
+            Phase p{};
+            p.w = q.codes;
+            p.units = (size_t(q.N) * q.K / 2 + 4 * size_t(q.N) * (q.K / 64)) / kUnit;
+            p.out = q.out;
+            launch_pdl(phase_kernel<true>, dim3(unsigned(p.units)), dim3(kThreads), p);
           } else {
-            if (two) launch_pdl(qgemv_shape_kernel<4, 2>, dim3(unsigned(q.N / 4)), dim3(threads), q, x);
-            else launch_pdl(qgemv_shape_kernel<8, 1>, dim3(unsigned(q.N / 8)), dim3(threads), q, x);
+            if (mode >= 2) launch_pdl(xprep_kernel, dim3(1), dim3(1024), src, prev, q.K, x);
+            const int nvec = q.K / 32;
+            const bool two = nvec > 128;
+            const int threads = two ? nvec / 2 : nvec;
+            if (mode == 3) {
+              if (two) launch_pdl(qgemv_shape_kernel<8, 2>, dim3(unsigned(q.N / 8)), dim3(threads), q, x);
+              else launch_pdl(qgemv_shape_kernel<16, 1>, dim3(unsigned(q.N / 16)), dim3(threads), q, x);
+            } else {
+              if (two) launch_pdl(qgemv_shape_kernel<4, 2>, dim3(unsigned(q.N / 4)), dim3(threads), q, x);
+              else launch_pdl(qgemv_shape_kernel<8, 1>, dim3(unsigned(q.N / 8)), dim3(threads), q, x);
+            }
           }
+          prev = q.out;
         }
-        prev = q.out;
-      }
-      CHECK(cudaStreamEndCapture(st, &g));
-      cudaGraphExec_t ge;
-      CHECK(cudaGraphInstantiate(&ge, g, 0));
-      CHECK(cudaGraphDestroy(g));
-      return ge;
+      });
     };
     std::printf("\n%s: %d layers x %zu phases (4 int4 GEMVs, attention as a plain stream), %.0f MB a step;"
                 " kvgraph today %.2f ms (H100, with lm_head)\n", sh.name, sh.layers, sh.gemvs.size(), bytes / 1e6, sh.ref_ms);
@@ -490,44 +511,19 @@ int main(int argc, char** argv) {
     const double bytes = double(total_units) * kUnit;
 
     auto record = [&](int mode, int blocks_per_sm) {  // 0 copy, 1 kernels, 2 kernels+pdl, 3/4 persistent (+prefetch)
-      cudaGraph_t g;
-      CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-      if (mode == 0) {
-        copy_kernel<<<sms * 8, kThreads, 0, st>>>(w, total_units, outs);
-      } else if (mode <= 2) {
-        for (const Phase& p : ph) {
-          cudaLaunchConfig_t cfg{};
-          cfg.gridDim = dim3(unsigned(p.units));
-          cfg.blockDim = dim3(kThreads);
-          cfg.stream = st;
-          cudaLaunchAttribute at[1];
-          at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-          at[0].val.programmaticStreamSerializationAllowed = 1;
-          cfg.attrs = at;
-          cfg.numAttrs = mode == 2 ? 1 : 0;
-          if (mode == 2)
-            CHECK(cudaLaunchKernelEx(&cfg, phase_kernel<true>, p));
-          else
-            CHECK(cudaLaunchKernelEx(&cfg, phase_kernel<false>, p));
+      return record_graph(st, [&] {
+        if (mode == 0) {
+          copy_kernel<<<sms * 8, kThreads, 0, st>>>(w, total_units, outs);
+        } else if (mode <= 2) {
+          for (const Phase& p : ph)
+            launch_ex(mode == 2 ? phase_kernel<true> : phase_kernel<false>, dim3(unsigned(p.units)), dim3(kThreads),
+                      st, mode == 2 ? Attr::pdl : Attr::none, p);
+        } else {
+          CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned), st));
+          launch_ex(persistent_kernel, dim3(unsigned(sms * blocks_per_sm)), dim3(kThreads), st, Attr::cooperative,
+                    (const Phase*)dph, int(ph.size()), count, mode == 4);
         }
-      } else {
-        CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned), st));
-        cudaLaunchConfig_t cfg{};
-        cfg.gridDim = dim3(unsigned(sms * blocks_per_sm));
-        cfg.blockDim = dim3(kThreads);
-        cfg.stream = st;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeCooperative;
-        at[0].val.cooperative = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
-        CHECK(cudaLaunchKernelEx(&cfg, persistent_kernel, (const Phase*)dph, int(ph.size()), count, mode == 4));
-      }
-      CHECK(cudaStreamEndCapture(st, &g));
-      cudaGraphExec_t ge;
-      CHECK(cudaGraphInstantiate(&ge, g, 0));
-      CHECK(cudaGraphDestroy(g));
-      return ge;
+      });
     };
     auto time = [&](cudaGraphExec_t ge) { return time_graph(ge, st, reps); };
     std::printf("\n%s: %d layers x %zu phases, %.0f MB a step\n", sh.name, sh.layers, sh.mb.size(), bytes / 1e6);

@@ -1137,6 +1137,17 @@ __device__ __forceinline__ uint32_t pack4(int a, int b, int c, int d) {
   return (uint32_t(a) & 0xFFu) | ((uint32_t(b) & 0xFFu) << 8) | ((uint32_t(c) & 0xFFu) << 16) | (uint32_t(d) << 24);
 }
 
+// The int8 codes of 8 consecutive x values as dot_x8 reads them: 4-bit
+// weights take the even values' codes, then the odd ones' (the nibbles'
+// order after & 0x0F0F0F0F); 8-bit weights take them in order.
+template <int kBits>
+__device__ __forceinline__ uint2 pack_x8(const int (&q)[8]) {
+  if constexpr (kBits == 4)
+    return make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]));
+  else
+    return make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+}
+
 // Chunks c0 + b * blockDim.x + threadIdx.x (b < kBatch) of 8 floats each
 // from p into v, zeros past nchunks; every load issued before any is used.
 template <int kBatch>
@@ -1208,15 +1219,7 @@ __device__ __forceinline__ float quantize_x(const GemvArgs<S>& e, const XQ& xq) 
 #pragma unroll
       for (int o = kTPV / 2; o > 0; o /= 2) qs += __shfl_xor_sync(0xffffffffu, qs, o);
       if (c < nchunks) {
-        uint2 packed;
-        if constexpr (kBits == 4) {  // even values, then odd: the nibbles' order after & 0x0F0F0F0F
-          packed.x = pack4(q[0], q[2], q[4], q[6]);
-          packed.y = pack4(q[1], q[3], q[5], q[7]);
-        } else {
-          packed.x = pack4(q[0], q[1], q[2], q[3]);
-          packed.y = pack4(q[4], q[5], q[6], q[7]);
-        }
-        *reinterpret_cast<uint2*>(xq.q + 8 * c) = packed;
+        *reinterpret_cast<uint2*>(xq.q + 8 * c) = pack_x8<kBits>(q);
         if (c % kTPV == 0) {
           xq.scale[c / kTPV] = scale;
           xq.sum[c / kTPV] = sum;
@@ -1509,24 +1512,16 @@ template <typename S, int kBits, bool kNorm, int kR, int kVPT>
 __global__ void __launch_bounds__(256) qgemv_blocks_kernel(QGemvArgs<S> a) {
   constexpr int kVE = 128 / kBits;
   const GemvArgs<S>& e = a.e;
-  const int K = e.K, nvec = K / kVE, ngroups = K / a.group;
-  const int vshift = __ffs(a.group / kVE) - 1;  // vector -> group
+  const int K = e.K, nvec = K / kVE;
+  const QRows<S, kR> rows(a, blockIdx.x * kR, kVE);
   const int n0 = blockIdx.x * kR;
-  const uint4* w = reinterpret_cast<const uint4*>(a.w);
   const uint64_t pol = evict_first_policy();
   uint4 wv[kR][kVPT];
-  float sc[kR][kVPT], bi[kR][kVPT];
+  uint32_t sv[kR][kVPT], bv[kR][kVPT];  // stored bits (const_value)
 #pragma unroll
   for (int r = 0; r < kR; ++r)
 #pragma unroll
-    for (int j = 0; j < kVPT; ++j) {
-      const int v = threadIdx.x + j * blockDim.x;
-      const bool live = v < nvec && n0 + r < e.N;
-      const size_t row = live ? size_t(n0 + r) : 0;
-      wv[r][j] = live ? ld_weights(w + row * nvec + v, pol) : make_uint4(0, 0, 0, 0);
-      sc[r][j] = live ? detail::to_f32(a.scales[row * ngroups + (v >> vshift)]) : 0.f;
-      bi[r][j] = live ? detail::to_f32(a.biases[row * ngroups + (v >> vshift)]) : 0.f;
-    }
+    for (int j = 0; j < kVPT; ++j) rows.fetch(r, threadIdx.x + j * blockDim.x, pol, wv[r][j], sv[r][j], bv[r][j]);
   detail::griddep_launch_dependents();
   detail::griddep_wait();
 
@@ -1571,18 +1566,14 @@ __global__ void __launch_bounds__(256) qgemv_blocks_kernel(QGemvArgs<S> a) {
         q[i] = __float2int_rn(h[8 * c + i] * rs);
         qsum += q[i];
       }
-      if constexpr (kBits == 4) {
-        xw[2 * c] = int(pack4(q[0], q[2], q[4], q[6]));
-        xw[2 * c + 1] = int(pack4(q[1], q[3], q[5], q[7]));
-      } else {
-        xw[2 * c] = int(pack4(q[0], q[1], q[2], q[3]));
-        xw[2 * c + 1] = int(pack4(q[4], q[5], q[6], q[7]));
-      }
+      const uint2 packed = pack_x8<kBits>(q);
+      xw[2 * c] = int(packed.x);
+      xw[2 * c + 1] = int(packed.y);
     }
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
       const int isum = dot_x8<kBits>(wv[r][j], xw, qsum);
-      acc[r] = fmaf(sc[r][j] * scale, float(isum), fmaf(bi[r][j], sum, acc[r]));
+      acc[r] = fmaf(const_value(sv[r][j], S{}) * scale, float(isum), fmaf(const_value(bv[r][j], S{}), sum, acc[r]));
     }
   }
 
