@@ -104,6 +104,8 @@ std::vector<float> check(int T, int N, int K, int bits, int group, Epi epi, bool
   p.qring_blocks = ring[2];
   p.qmma_tokens = qmma_tokens;
   if (norm) p.norm = dg.as<float>();
+  DeviceBuffer xprep(qblocks ? kQxScratchBytes : 16);
+  p.xprep = qblocks ? xprep.data() : nullptr;
   linear(p, gemm, nullptr);
   const auto got = to_host<float>(out, n_out);
 

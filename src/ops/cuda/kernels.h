@@ -186,8 +186,11 @@ struct LinearParams {
   // With int8_x: the streamed kernel (Tuning::quantized_stream) where it fits.
   bool qstream = true;
   // With int8_x: the small-block register kernel (Tuning::quantized_blocks;
-  // qgemv_blocks_kernel in linear.cu) where it fits, before qstream.
+  // qgemv_blocks_kernel in linear.cu) where it fits, before qstream. It
+  // needs xprep: device scratch of kQxScratchBytes for the prepared x
+  // (GemmContext::xprep_scratch()); without it, the other kernels run.
   bool qblocks = false;
+  void* xprep = nullptr;
   // Its ring (Tuning::qring_*): chunk 0 is automatic (kAutoQRing in linear.cu).
   int qring_chunk = 0, qring_stages = 0, qring_blocks = 0;
   // kMaxGemvTokens < T <= qmma_tokens on quantized weights: the fused
@@ -204,6 +207,10 @@ struct LinearParams {
 // Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.
 // Not needed (may be null) for T <= kMaxGemvTokens, which never touches
 // cuBLAS and never allocates, so it can be captured into a graph.
+// The prepared int8 x of the small-block quantized GEMV (LinearParams::xprep):
+// K bytes of codes and 16 bytes a vector, K up to 32768.
+constexpr size_t kQxScratchBytes = size_t{64} << 10;
+
 class GemmContext {
  public:
   GemmContext();
@@ -212,6 +219,9 @@ class GemmContext {
   GemmContext& operator=(const GemmContext&) = delete;
   // Pre-allocates scratch for up to `max_tokens` x max(K, N) elements.
   void reserve(int64_t max_tokens, int64_t max_dim);
+  // kQxScratchBytes of device memory for LinearParams::xprep (allocated
+  // with the context: usable during graph capture).
+  void* xprep_scratch() const;
   struct Impl;
   Impl* impl() const { return impl_; }
 

@@ -1497,19 +1497,80 @@ __global__ void __launch_bounds__(256) qgemv_stream_kernel(QGemvArgs<S> a) {
 
 // ---------------------------------------------------------------- quantized weights, int8 x, small register blocks
 
+// x prepared once for the small-block kernel, in global memory (the XQ
+// layout of quantize_x, then sum(x^2) per vector for the norm): q [K],
+// scale, sum, qsum, ss [K / kVE] each. The whole scratch is kQxScratchBytes.
+inline XQ xprep_layout(void* scratch, int K, int kVE, float** ss) {
+  auto* base = static_cast<unsigned char*>(scratch);
+  XQ x;
+  x.q = reinterpret_cast<int8_t*>(base);
+  x.scale = reinterpret_cast<float*>(base + K);
+  x.sum = x.scale + K / kVE;
+  x.qsum = reinterpret_cast<int*>(x.sum + K / kVE);
+  *ss = reinterpret_cast<float*>(x.qsum + K / kVE);
+  return x;
+}
+inline size_t xprep_bytes(int K, int kVE) { return size_t(K) + size_t(K / kVE) * 16; }
+
+// x (times the norm's weights g when kNorm) quantized per vector of kVE
+// values exactly as quantize_x does (absmax / 127, the same codes in the same
+// order), by the whole grid at once: a thread a value, a vector's kVE lanes
+// reduced by shuffles (kVE divides 32), the codes stored as bytes. g is read
+// before the PDL wait. Each vector also gets its sum(h^2) (the norm's, before
+// g), which the GEMV adds in its one reduction: the 1 / rms stays out of
+// the codes as in quantize_x.
+template <int kBits, bool kNorm>
+__global__ void __launch_bounds__(256) xprep_kernel(const float* x, const float* g, float g_add, int K, XQ xq,
+                                                    float* ssv) {
+  constexpr int kVE = 128 / kBits;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool live = i < K;
+  float gi = 1.f;
+  if (kNorm && live) gi = g_add + g[i];
+  detail::griddep_launch_dependents();
+  detail::griddep_wait();
+  const float h = live ? x[i] : 0.f;
+  const float v = h * gi;
+  float amax = fabsf(v), sum = v, ss = h * h;
+#pragma unroll
+  for (int o = kVE / 2; o > 0; o /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if constexpr (kNorm) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  }
+  const float rs = amax > 0.f ? 127.f / amax : 0.f;
+  const int q = __float2int_rn(v * rs);
+  int qs = q;
+  if constexpr (kBits == 8) {
+#pragma unroll
+    for (int o = kVE / 2; o > 0; o /= 2) qs += __shfl_xor_sync(0xffffffffu, qs, o);
+  }
+  if (!live) return;
+  // pack_x8's order within each chunk of 8 values: 4-bit weights take the
+  // even values' codes, then the odd ones'.
+  const int j = i % 8, pos = kBits == 4 ? (j & 1) * 4 + j / 2 : j;
+  xq.q[i - j + pos] = int8_t(q);
+  if (i % kVE == 0) {
+    const int vi = i / kVE;
+    xq.scale[vi] = amax / 127.f;
+    xq.sum[vi] = sum;
+    xq.qsum[vi] = qs;
+    if constexpr (kNorm) ssv[vi] = ss;
+  }
+}
+
 // The quantized GEMV in the shape of the bf16 FMA kernel (`--tune
-// qgemv=blocks`; written in session 24 after bench/kernels/step_shape.cu
-// found kernel boundaries cheap and the streamed kernel's own structure
-// costly; not yet run on a GPU): a block of kR rows x the whole K, thread t
-// holding vectors t, t + blockDim, ... (kVPT of them) of every row, all its
-// codes, scales and biases requested before the PDL wait, no shared-memory
-// ring. Each thread quantizes the x of its own vectors (absmax / 127 per
-// vector, as quantize_x: the same codes; under the norm x * g, the 1 / rms
-// applied to the finished sums), so x is read once a block from L2 and
-// nothing waits on a block barrier before the products; the block's one
-// barrier adds the rows (and the norm's sum of squares) in warp order.
+// qgemv=blocks`): a block of kR rows x the whole K, thread t holding vectors
+// t, t + blockDim, ... (kVPT of them) of every row, all its codes, scales
+// and biases requested before the PDL wait, no shared-memory ring, x read
+// as xprep_kernel left it (int8 codes: about a quarter of the bytes of the
+// f32 x and g each block would otherwise read from L2). The block's one
+// barrier adds the rows (and the norm's sums of squares) in warp order.
+// (Session 24's version quantized x per thread from f32 x and g in every
+// block: llama3.1-8b int4 3.35 ms against the streamed kernel's 2.17 on the
+// H100, the x re-reads alone about 7 GB of L2 traffic a step.)
 template <typename S, int kBits, bool kNorm, int kR, int kVPT>
-__global__ void __launch_bounds__(256) qgemv_blocks_kernel(QGemvArgs<S> a) {
+__global__ void __launch_bounds__(256) qgemv_blocks_kernel(QGemvArgs<S> a, XQ xq, const float* ssv) {
   constexpr int kVE = 128 / kBits;
   const GemvArgs<S>& e = a.e;
   const int K = e.K, nvec = K / kVE;
@@ -1532,48 +1593,12 @@ __global__ void __launch_bounds__(256) qgemv_blocks_kernel(QGemvArgs<S> a) {
   for (int j = 0; j < kVPT; ++j) {
     const int v = threadIdx.x + j * blockDim.x;
     if (v >= nvec) break;
-    float h[kVE];
-#pragma unroll
-    for (int i = 0; i < kVE / 4; ++i) {
-      const float4 t = reinterpret_cast<const float4*>(e.x + size_t(v) * kVE)[i];
-      h[4 * i] = t.x, h[4 * i + 1] = t.y, h[4 * i + 2] = t.z, h[4 * i + 3] = t.w;
-    }
-    if constexpr (kNorm) {
-#pragma unroll
-      for (int i = 0; i < kVE / 4; ++i) {
-        const float4 g = reinterpret_cast<const float4*>(e.norm + size_t(v) * kVE)[i];
-        const float gv[4] = {g.x, g.y, g.z, g.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          ss = fmaf(h[4 * i + k], h[4 * i + k], ss);
-          h[4 * i + k] *= e.norm_add + gv[k];
-        }
-      }
-    }
-    float amax = 0.f, sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kVE; ++i) {
-      amax = fmaxf(amax, fabsf(h[i]));
-      sum += h[i];
-    }
-    const float scale = amax / 127.f, rs = amax > 0.f ? 127.f / amax : 0.f;
-    int xw[kVE / 4], qsum = 0;
-#pragma unroll
-    for (int c = 0; c < kVE / 8; ++c) {  // chunks of 8 values, packed as quantize_x packs them
-      int q[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        q[i] = __float2int_rn(h[8 * c + i] * rs);
-        qsum += q[i];
-      }
-      const uint2 packed = pack_x8<kBits>(q);
-      xw[2 * c] = int(packed.x);
-      xw[2 * c + 1] = int(packed.y);
-    }
+    const XVec<kBits> xv(xq, v);
+    if constexpr (kNorm) ss += ssv[v];
 #pragma unroll
     for (int r = 0; r < kR; ++r) {
-      const int isum = dot_x8<kBits>(wv[r][j], xw, qsum);
-      acc[r] = fmaf(const_value(sv[r][j], S{}) * scale, float(isum), fmaf(const_value(bv[r][j], S{}), sum, acc[r]));
+      const int isum = dot_x8<kBits>(wv[r][j], xv.w, xv.qsum);
+      acc[r] = fmaf(const_value(sv[r][j], S{}) * xv.scale, float(isum), fmaf(const_value(bv[r][j], S{}), xv.sum, acc[r]));
     }
   }
 
@@ -1604,24 +1629,36 @@ __global__ void __launch_bounds__(256) qgemv_blocks_kernel(QGemvArgs<S> a) {
 
 // Whether qgemv_blocks_kernel takes these weights: rows of at most 1024
 // code vectors (K <= 32768 int4, 16384 int8), so a thread holds at most 4
-// vectors a row.
+// vectors a row and the prepared x fits kQxScratchBytes; a scratch given.
 template <typename S, int kBits>
-bool qblocks_fits(const QGemvArgs<S>& a) {
-  return a.e.K / (128 / kBits) <= 1024 && a.group >= 128 / kBits;
+bool qblocks_fits(const QGemvArgs<S>& a, const void* scratch) {
+  constexpr int kVE = 128 / kBits;
+  return scratch && a.e.K / kVE <= 1024 && a.group >= kVE && xprep_bytes(a.e.K, kVE) <= kQxScratchBytes;
 }
 
-// kVPT = the vectors a thread holds of each row (1, 2 or 4: at most 256
-// threads), kR = 8 / kVPT rows (8 code vectors a thread in flight; 16 KB a
-// block at K = 4096 int4).
+// xprep_kernel, then kVPT = the vectors a thread holds of each row (1, 2 or
+// 4: at most 256 threads), kR = 8 / kVPT rows (8 code vectors a thread in
+// flight; 16 KB a block at K = 4096 int4). Both launched with PDL.
 template <typename S, int kBits, bool kNorm>
-void launch_qgemv_blocks(const QGemvArgs<S>& a, Launch stream) {
-  const int nvec = a.e.K / (128 / kBits);
+void launch_qgemv_blocks(const QGemvArgs<S>& a, void* scratch, Launch stream) {
+  constexpr int kVE = 128 / kBits;
+  const int nvec = a.e.K / kVE;
+  float* ssv = nullptr;
+  const XQ xq = xprep_layout(scratch, a.e.K, kVE, &ssv);
+  launch(xprep_kernel<kBits, kNorm>, dim3(ceil_div(a.e.K, 256)), dim3(256), 0, stream, a.e.x, a.e.norm, a.e.norm_add,
+         a.e.K, xq, ssv);
   const int vpt = nvec <= 256 ? 1 : nvec <= 512 ? 2 : 4;
   const int threads = std::max(32, int(ceil_div(ceil_div(nvec, vpt), 32)) * 32);
   switch (vpt) {
-    case 1: launch(qgemv_blocks_kernel<S, kBits, kNorm, 8, 1>, dim3(ceil_div(a.e.N, 8)), dim3(threads), 0, stream, a); break;
-    case 2: launch(qgemv_blocks_kernel<S, kBits, kNorm, 4, 2>, dim3(ceil_div(a.e.N, 4)), dim3(threads), 0, stream, a); break;
-    default: launch(qgemv_blocks_kernel<S, kBits, kNorm, 2, 4>, dim3(ceil_div(a.e.N, 2)), dim3(threads), 0, stream, a); break;
+    case 1:
+      launch(qgemv_blocks_kernel<S, kBits, kNorm, 8, 1>, dim3(ceil_div(a.e.N, 8)), dim3(threads), 0, stream, a, xq, ssv);
+      break;
+    case 2:
+      launch(qgemv_blocks_kernel<S, kBits, kNorm, 4, 2>, dim3(ceil_div(a.e.N, 4)), dim3(threads), 0, stream, a, xq, ssv);
+      break;
+    default:
+      launch(qgemv_blocks_kernel<S, kBits, kNorm, 2, 4>, dim3(ceil_div(a.e.N, 2)), dim3(threads), 0, stream, a, xq, ssv);
+      break;
   }
 }
 
@@ -1797,6 +1834,7 @@ struct GemmContext::Impl {
   DeviceBuffer y;       // f32 [T, N] (gated epilogue)
   DeviceBuffer w_bf16;  // bf16 [rows, K]: a slab of dequantised weights (quantized T > 1)
   DeviceBuffer partials;  // f32 partial sums of the quantized GEMM's split K
+  DeviceBuffer xprep{kQxScratchBytes};  // the small-block quantized GEMV's prepared x
 
   // Grows `buf` to `bytes`; not allowed while the stream is being captured.
   static void ensure(DeviceBuffer& buf, size_t bytes, Launch stream) {
@@ -1824,6 +1862,8 @@ GemmContext::~GemmContext() {
     delete impl_;
   }
 }
+
+void* GemmContext::xprep_scratch() const { return impl_->xprep.data(); }
 
 void GemmContext::reserve(int64_t max_tokens, int64_t max_dim) {
   const size_t n = size_t(max_tokens) * size_t(max_dim);
@@ -1875,11 +1915,11 @@ void linear(const LinearParams& p, GemmContext* gemm, Launch stream) {
         QGemvArgs<W> q{static_cast<const uint32_t*>(p.w), static_cast<const W*>(p.scales),
                        static_cast<const W*>(p.biases), p.group, a};
         if (p.int8_x && p.T == 1) {  // (several tokens: the f32-x kernel below)
-          if (p.qblocks && (p.qbits == 4 ? qblocks_fits<W, 4>(q) : qblocks_fits<W, 8>(q))) {
+          if (p.qblocks && (p.qbits == 4 ? qblocks_fits<W, 4>(q, p.xprep) : qblocks_fits<W, 8>(q, p.xprep))) {
             if (p.qbits == 4)
-              p.norm ? launch_qgemv_blocks<W, 4, true>(q, stream) : launch_qgemv_blocks<W, 4, false>(q, stream);
+              p.norm ? launch_qgemv_blocks<W, 4, true>(q, p.xprep, stream) : launch_qgemv_blocks<W, 4, false>(q, p.xprep, stream);
             else
-              p.norm ? launch_qgemv_blocks<W, 8, true>(q, stream) : launch_qgemv_blocks<W, 8, false>(q, stream);
+              p.norm ? launch_qgemv_blocks<W, 8, true>(q, p.xprep, stream) : launch_qgemv_blocks<W, 8, false>(q, p.xprep, stream);
           } else if (p.qbits == 4) {
             if (p.qstream && qstream_fits<W, 4>(q))
               p.norm ? launch_qgemv_stream<W, 4, true>(q, p, stream) : launch_qgemv_stream<W, 4, false>(q, p, stream);

@@ -68,6 +68,7 @@ void linear(Stream& s, const Tensor& x, const Weight& w, Tensor& out, const ops:
   p.int8_x = ctx.tuning().quantized_int8_x;
   p.qstream = ctx.tuning().quantized_stream;
   p.qblocks = ctx.tuning().quantized_blocks;
+  if (p.qblocks) p.xprep = ctx.gemm().xprep_scratch();
   p.qring_chunk = ctx.tuning().qring_chunk;
   p.qring_stages = ctx.tuning().qring_stages;
   p.qring_blocks = ctx.tuning().qring_blocks;
