@@ -80,8 +80,8 @@ struct Tuning {
   // regs (qgemv_x8_kernel: the stream held in registers, one batch ahead).
   bool quantized_stream = true;
   // qgemv=blocks: qgemv_blocks_kernel instead (a block of 2-8 rows x the
-  // whole K in registers, x quantized per thread; written in session 24
-  // after bench/kernels/step_shape.cu, not yet run on a GPU).
+  // whole K in registers, after xprep_kernel has quantized x once for the
+  // whole grid; linear.cu).
   bool quantized_blocks = false;
   // The streamed kernel's ring: qring_chunk code vectors of both rows of a
   // warp's pair a stage, qring_stages stages a warp (a pair of kQRings
