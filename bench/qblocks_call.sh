@@ -1,11 +1,15 @@
 source bench/call_setup.sh
-gpu_tests 'CudaQuantLinear.*' 120
-for r in 1 2; do for w in "int4 --group-size 64" "int8"; do for v in auto qgemv=blocks; do
+bench_round() {
+for w in "int4 --group-size 64" "int8"; do for v in auto qgemv=blocks; do
 timeout 60 build/cuda/kvgraph bench --device cuda --quiet --json --models synthetic:llama3.1-8b,synthetic:llama3.2-1b,synthetic:qwen2.5-0.5b --new-tokens 64 --weights $w --tune "${v/#auto/}" 2>&1 | grep '^{' | tee -a $OUT/qblocks.jsonl | python3 -c '
 import json,sys
 for l in sys.stdin:
     r=json.loads(l); print("%-14s %-26s %-9s %.3f ms" % (sys.argv[1], r["model"], r.get("weights",""), r["decode_ms_median"]))' "$v"
-done; done; done
+done; done
+}
+bench_round
+gpu_tests 'CudaQuantLinear.*' 120
+bench_round
 timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 build/cuda/kvgraph_gpu_tests --gtest_filter='CudaQuantLinear.Blocks*' > $OUT/memcheck.txt 2>&1; echo memcheck rc $?; tail -2 $OUT/memcheck.txt
 timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 build/cuda/kvgraph_gpu_tests --gtest_filter='CudaQuantLinear.Blocks*' > $OUT/racecheck.txt 2>&1; echo racecheck rc $?; tail -2 $OUT/racecheck.txt
 # On an H200 (the issues' card), the long-context rows issues 14 and 15 last lacked.
