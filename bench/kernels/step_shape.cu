@@ -20,6 +20,12 @@
 // If these steps run near the copy, a production quantized GEMV of this shape
 // is worth building (today's streamed one: llama3.1-8b int4 2.23 ms,
 // llama3.2-1b 0.60 on an H100, lm_head and embedding included).
+// Measured (H100, session 25, bench/results/h100-2026-12-08-step-shape2.txt):
+// x ready 1.454 / 0.266 ms, with the one-block prep 2.105 / 0.444: making x
+// is the cost. Added then, not yet run: the prep over the whole grid (the
+// shape of linear.cu's xprep_kernel behind --tune qgemv=blocks) and no prep
+// at all, each GEMV quantizing its own output for the next (what folding
+// x's quantization into the producers would give).
 //   nvcc -O3 -std=c++17 -arch=sm_90 bench/kernels/step_shape.cu -o build/step_shape && build/step_shape
 #include <cuda_runtime.h>
 
@@ -229,10 +235,12 @@ __device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
   return d;
 }
 
+__device__ __forceinline__ void quantize_lane(float val, int v, int lane, X8 x);
+
 // Rows [blockIdx.x R, + R) x the whole K; thread t: vectors t, t + blockDim, ...
 // (VPT of them) of each row, all loaded before the PDL wait.
-template <int R, int VPT>
-__global__ void __launch_bounds__(256) qgemv_shape_kernel(QPhase p, X8 x) {
+template <int R, int VPT, bool kFold = false>
+__global__ void __launch_bounds__(256) qgemv_shape_kernel(QPhase p, X8 x, X8 xo, unsigned* cnt) {
   const int nvec = p.K / 32, ng = p.K / 64, n0 = blockIdx.x * R;
   uint4 w[R][VPT];
   uint16_t sc[R][VPT], bi[R][VPT];
@@ -282,7 +290,54 @@ __global__ void __launch_bounds__(256) qgemv_shape_kernel(QPhase p, X8 x) {
     float t = 0.f;
     for (int i = 0; i < int(blockDim.x / 32); ++i) t += red[i][threadIdx.x];
     p.out[n0 + threadIdx.x] = t * rsqrtf(x.ss[0] / p.K + 1e-5f);
+    if constexpr (kFold) __threadfence();
   }
+  if constexpr (kFold) {
+    // The next GEMV's x made here: the last of the 32 / R blocks that write
+    // a 32-output vector (a counter a vector, reset by that block) quantizes
+    // it, with one warp, as xprep_grid_kernel does.
+    __shared__ unsigned ticket;
+    __syncthreads();
+    if (threadIdx.x == 0) ticket = atomicAdd(cnt + n0 / 32, 1u);
+    __syncthreads();
+    if (ticket == 32 / R - 1 && threadIdx.x < 32) {
+      __threadfence();
+      const int v = n0 / 32;
+      const float val = __ldcg(p.out + v * 32 + lane);
+      quantize_lane(val, v, lane, xo);
+      if (lane == 0) cnt[v] = 0;
+    }
+  }
+}
+
+// Value `lane` of vector v (val) into X8 (a warp a vector): absmax / 127 per
+// vector, the code stored as a byte in dp4a order, scale, sum and the
+// vector's sum of squares (x.ss[1 + v]) by lane 0.
+__device__ __forceinline__ void quantize_lane(float val, int v, int lane, X8 x) {
+  float m = fabsf(val), sum = val, ss = val * val;
+  for (int o = 16; o; o >>= 1) {
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  }
+  const float rs = m > 0.f ? 127.f / m : 0.f;
+  const int j = lane % 8;
+  reinterpret_cast<int8_t*>(x.q)[v * 32 + lane - j + (j & 1) * 4 + j / 2] = int8_t(__float2int_rn(val * rs));
+  if (lane == 0) {
+    x.scale[v] = m / 127.f;
+    x.sum[v] = sum;
+    x.ss[1 + v] = ss;
+  }
+}
+
+// x of K values (src, and one value of the previous phase: the dependency)
+// to X8 by the whole grid, a thread a value (linear.cu's xprep_kernel).
+__global__ void __launch_bounds__(256) xprep_grid_kernel(const float* src, const float* prev, int K, X8 x) {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const float val = i < K ? src[i] + 1e-30f * prev[0] : 0.f;
+  if (i - int(threadIdx.x % 32) < K) quantize_lane(val, i / 32, int(threadIdx.x % 32), x);
 }
 
 // x of K values (src, and one value of the previous phase: the dependency)
@@ -373,7 +428,15 @@ void run_int4(int sms, int reps, cudaStream_t st) {
     CHECK(cudaMalloc(&x.q, 16384));
     CHECK(cudaMalloc(&x.scale, 512 * sizeof(float)));
     CHECK(cudaMalloc(&x.sum, 512 * sizeof(float)));
-    CHECK(cudaMalloc(&x.ss, sizeof(float)));
+    CHECK(cudaMalloc(&x.ss, 1025 * sizeof(float)));  // [0]: the norm's; [1 + v]: per vector (grid-wide prep)
+    X8 xo{};  // what the producer-folded GEMVs write (mode 5): up to 1024 vectors
+    unsigned* cnt = nullptr;
+    CHECK(cudaMalloc(&xo.q, 32768));
+    CHECK(cudaMalloc(&xo.scale, 1024 * sizeof(float)));
+    CHECK(cudaMalloc(&xo.sum, 1024 * sizeof(float)));
+    CHECK(cudaMalloc(&xo.ss, 1025 * sizeof(float)));
+    CHECK(cudaMalloc(&cnt, 1024 * sizeof(unsigned)));
+    CHECK(cudaMemset(cnt, 0, 1024 * sizeof(unsigned)));
     CHECK(cudaMemset(x.q, 0x01, 16384));
     CHECK(cudaMemset(x.scale, 0x3c, 512 * sizeof(float)));
     CHECK(cudaMemset(x.sum, 0x3c, 512 * sizeof(float)));
@@ -407,7 +470,11 @@ void run_int4(int sms, int reps, cudaStream_t st) {
       }
     const double bytes = double(code_bytes) + 4.0 * double(aux) + double(plain_units) * kUnit;
     // mode 0: copy-shaped plain kernels over the same bytes; 1: int4 GEMVs, x
-    // ready; 2: a prep kernel before each; 3: as 2 with twice the rows a block.
+    // ready; 2: a one-block prep kernel before each; 3: as 2 with twice the
+    // rows a block; 4: a grid-wide prep kernel (a thread a value, as linear.cu's
+    // xprep_kernel) before each; 5: no prep kernel, each GEMV quantizing its own
+    // output for the next (a counter a 32-output vector, the last block of it
+    // quantizes; attention's output taken as made by attention for free).
     auto launch_pdl = [&](auto kernel, dim3 grid, dim3 block, auto... args) {
       launch_ex(kernel, grid, block, st, Attr::pdl, args...);
     };
@@ -424,16 +491,20 @@ void run_int4(int sms, int reps, cudaStream_t st) {
             p.out = q.out;
             launch_pdl(phase_kernel<true>, dim3(unsigned(p.units)), dim3(kThreads), p);
           } else {
-            if (mode >= 2) launch_pdl(xprep_kernel, dim3(1), dim3(1024), src, prev, q.K, x);
+            if (mode == 2 || mode == 3) launch_pdl(xprep_kernel, dim3(1), dim3(1024), src, prev, q.K, x);
+            if (mode == 4) launch_pdl(xprep_grid_kernel, dim3(unsigned((q.K + 255) / 256)), dim3(256), src, prev, q.K, x);
             const int nvec = q.K / 32;
             const bool two = nvec > 128;
             const int threads = two ? nvec / 2 : nvec;
             if (mode == 3) {
-              if (two) launch_pdl(qgemv_shape_kernel<8, 2>, dim3(unsigned(q.N / 8)), dim3(threads), q, x);
-              else launch_pdl(qgemv_shape_kernel<16, 1>, dim3(unsigned(q.N / 16)), dim3(threads), q, x);
+              if (two) launch_pdl(qgemv_shape_kernel<8, 2>, dim3(unsigned(q.N / 8)), dim3(threads), q, x, xo, cnt);
+              else launch_pdl(qgemv_shape_kernel<16, 1>, dim3(unsigned(q.N / 16)), dim3(threads), q, x, xo, cnt);
+            } else if (mode == 5) {
+              if (two) launch_pdl(qgemv_shape_kernel<4, 2, true>, dim3(unsigned(q.N / 4)), dim3(threads), q, x, xo, cnt);
+              else launch_pdl(qgemv_shape_kernel<8, 1, true>, dim3(unsigned(q.N / 8)), dim3(threads), q, x, xo, cnt);
             } else {
-              if (two) launch_pdl(qgemv_shape_kernel<4, 2>, dim3(unsigned(q.N / 4)), dim3(threads), q, x);
-              else launch_pdl(qgemv_shape_kernel<8, 1>, dim3(unsigned(q.N / 8)), dim3(threads), q, x);
+              if (two) launch_pdl(qgemv_shape_kernel<4, 2>, dim3(unsigned(q.N / 4)), dim3(threads), q, x, xo, cnt);
+              else launch_pdl(qgemv_shape_kernel<8, 1>, dim3(unsigned(q.N / 8)), dim3(threads), q, x, xo, cnt);
             }
           }
           prev = q.out;
@@ -443,8 +514,9 @@ void run_int4(int sms, int reps, cudaStream_t st) {
     std::printf("\n%s: %d layers x %zu phases (4 int4 GEMVs, attention as a plain stream), %.0f MB a step;"
                 " kvgraph today %.2f ms (H100, with lm_head)\n", sh.name, sh.layers, sh.gemvs.size(), bytes / 1e6, sh.ref_ms);
     const char* names[] = {"copy-shaped kernels+pdl", "int4 GEMVs, x ready", "int4 GEMVs + x prep kernel",
-                           "int4 GEMVs (2x rows) + x prep"};
-    for (int mode = 0; mode < 4; ++mode) {
+                           "int4 GEMVs (2x rows) + x prep", "int4 GEMVs + grid-wide x prep",
+                           "int4 GEMVs, x made by the producer"};
+    for (int mode = 0; mode < 6; ++mode) {
       cudaGraphExec_t ge = record(mode);
       const double ms = time_graph(ge, st, reps);
       CHECK(cudaGraphExecDestroy(ge));
@@ -452,7 +524,8 @@ void run_int4(int sms, int reps, cudaStream_t st) {
     }
     CHECK(cudaDeviceSynchronize());
     for (void* p : {(void*)codes, (void*)scales, (void*)biases, (void*)plain, (void*)outs, (void*)src, (void*)x.q,
-                    (void*)x.scale, (void*)x.sum, (void*)x.ss})
+                    (void*)x.scale, (void*)x.sum, (void*)x.ss, (void*)xo.q, (void*)xo.scale, (void*)xo.sum,
+                    (void*)xo.ss, (void*)cnt})
       CHECK(cudaFree(p));
   }
 }
