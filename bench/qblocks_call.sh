@@ -1,4 +1,11 @@
+# One device call for issue 13's next step (session 25): qgemv=blocks (x
+# prepared once a GEMV) against the default, int4 and int8, its tests and
+# compute-sanitizer, step_shape's two new ways of making x when
+# build/step_shape is carried, and on an H200 the 32K rows issues 14 and 15
+# lack. Carry build/carry_next.txz (bench/pack_carry.sh) and build/step_shape:
+#   bash bench/qblocks_call.sh
 source bench/call_setup.sh
+[ -x build/step_shape ] && timeout 100 build/step_shape 20 | tee $OUT/step_shape3.txt | tail -16
 bench_round() {
 for w in "int4 --group-size 64" "int8"; do for v in auto qgemv=blocks; do
 timeout 60 build/cuda/kvgraph bench --device cuda --quiet --json --models synthetic:llama3.1-8b,synthetic:llama3.2-1b,synthetic:qwen2.5-0.5b --new-tokens 64 --weights $w --tune "${v/#auto/}" 2>&1 | grep '^{' | tee -a $OUT/qblocks.jsonl | python3 -c '
