@@ -69,9 +69,11 @@ TEST_P(CudaQuantModel, LogitsMatchTheCpuForChunks1And3AndWhole) {
   for (const Case& c : cases) {
     ASSERT_TRUE(c.gpu->quantization().quantized()) << c.what;
     const std::vector<float> want = prefill_logits(c.cpu, ref.ids, {.max_write = 128});
-    Tuning f32x, x8;
+    Tuning f32x, x8, blocks;
     f32x.quantized_int8_x = false;
     x8.quantized_int8_x = true;
+    blocks.quantized_int8_x = true;  // --tune qgemv=blocks: x prepared once a GEMV, small register blocks
+    blocks.quantized_blocks = true;
     // T == 1 (the fused-dequant GEMV, f32 x) stays within 1e-2 of the CPU;
     // T > 1 rounds both x and the dequantised weights to bf16 for cuBLAS
     // (the CPU keeps f32): measured 1.8-1.9e-2 on the H200 (2026-12-03).
@@ -85,9 +87,10 @@ TEST_P(CudaQuantModel, LogitsMatchTheCpuForChunks1And3AndWhole) {
     // the layers, measured 0.04-0.11 on the H200 (2026-12-03); a layout bug
     // (a wrong nibble or byte order) gives O(1). The kernel itself is held to
     // 1e-2 (CudaQuantLinear.Int8XGemvIsWithinInt8RoundingOfTheReference).
-    EXPECT_LT(normalized_error(prefill_logits(c.gpu, ref.ids, {.max_write = 1, .tuning = x8}), want), 0.2)
-        << GetParam() << " " << c.what << " qx=int8";
-    for (const Tuning& t : {f32x, x8}) {
+    for (const Tuning& t : {x8, blocks})
+      EXPECT_LT(normalized_error(prefill_logits(c.gpu, ref.ids, {.max_write = 1, .tuning = t}), want), 0.2)
+          << GetParam() << " " << c.what << " " << t.describe();
+    for (const Tuning& t : {f32x, x8, blocks}) {
       const std::vector<float> e = decode_logits(c.gpu, ref.greedy_prompt, true, t);
       const std::vector<float> r = decode_logits(c.gpu, ref.greedy_prompt, false, t);
       ASSERT_EQ(e.size(), r.size());
