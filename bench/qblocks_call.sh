@@ -15,7 +15,7 @@ for l in sys.stdin:
 done; done
 }
 bench_round
-gpu_tests 'CudaQuantLinear.*' 120
+gpu_tests 'CudaQuantLinear.*:CudaQuantModel.*' 150
 bench_round
 timeout 60 compute-sanitizer --tool memcheck --error-exitcode 9 build/cuda/kvgraph_gpu_tests --gtest_filter='CudaQuantLinear.Blocks*' > $OUT/memcheck.txt 2>&1; echo memcheck rc $?; tail -2 $OUT/memcheck.txt
 timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 build/cuda/kvgraph_gpu_tests --gtest_filter='CudaQuantLinear.Blocks*' > $OUT/racecheck.txt 2>&1; echo racecheck rc $?; tail -2 $OUT/racecheck.txt
