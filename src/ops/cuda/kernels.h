@@ -204,13 +204,13 @@ struct LinearParams {
   int qmma_tokens = 256;
 };
 
-// Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.
-// Not needed (may be null) for T <= kMaxGemvTokens, which never touches
-// cuBLAS and never allocates, so it can be captured into a graph.
 // The prepared int8 x of the small-block quantized GEMV (LinearParams::xprep):
 // K bytes of codes and 16 bytes a vector, K up to 32768.
 constexpr size_t kQxScratchBytes = size_t{64} << 10;
 
+// Owns a cuBLAS handle, its workspace and the scratch buffers of the T > 1 path.
+// Not needed (may be null) for T <= kMaxGemvTokens, which never touches
+// cuBLAS and never allocates, so it can be captured into a graph.
 class GemmContext {
  public:
   GemmContext();

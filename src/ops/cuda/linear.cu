@@ -1124,7 +1124,7 @@ struct XQ {
   int* qsum;     // [K / kVE]
 };
 
-__device__ __forceinline__ XQ xq_layout(unsigned char* smem, int K, int kVE) {
+__host__ __device__ __forceinline__ XQ xq_layout(unsigned char* smem, int K, int kVE) {
   XQ x;
   x.q = reinterpret_cast<int8_t*>(smem);
   x.scale = reinterpret_cast<float*>(smem + K);
@@ -1501,12 +1501,7 @@ __global__ void __launch_bounds__(256) qgemv_stream_kernel(QGemvArgs<S> a) {
 // layout of quantize_x, then sum(x^2) per vector for the norm): q [K],
 // scale, sum, qsum, ss [K / kVE] each. The whole scratch is kQxScratchBytes.
 inline XQ xprep_layout(void* scratch, int K, int kVE, float** ss) {
-  auto* base = static_cast<unsigned char*>(scratch);
-  XQ x;
-  x.q = reinterpret_cast<int8_t*>(base);
-  x.scale = reinterpret_cast<float*>(base + K);
-  x.sum = x.scale + K / kVE;
-  x.qsum = reinterpret_cast<int*>(x.sum + K / kVE);
+  const XQ x = xq_layout(static_cast<unsigned char*>(scratch), K, kVE);
   *ss = reinterpret_cast<float*>(x.qsum + K / kVE);
   return x;
 }
